@@ -20,7 +20,10 @@ pub mod provider {
 pub mod datacenter {
     pub mod v1 {
         tonic::include_proto!("ctrlplane.datacenter.v1");
-        include!(concat!(env!("OUT_DIR"), "/ctrlplane.datacenter.v1.serde.rs"));
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/ctrlplane.datacenter.v1.serde.rs"
+        ));
     }
 }
 
