@@ -734,9 +734,9 @@ fn check_location(v: &mut Violations, field: &str, loc: Option<&Location>) {
     if !(loc.longitude.is_finite() && (-180.0..=180.0).contains(&loc.longitude)) {
         v.add(format!("{field}.longitude"), "must be between -180 and 180");
     }
-    if !loc.country.is_empty()
-        && !(loc.country.len() == 2 && loc.country.chars().all(|c| c.is_ascii_uppercase()))
-    {
+    let country_ok = loc.country.is_empty()
+        || (loc.country.len() == 2 && loc.country.chars().all(|c| c.is_ascii_uppercase()));
+    if !country_ok {
         v.add(
             format!("{field}.country"),
             "must be an ISO 3166-1 alpha-2 code such as \"DE\"",

@@ -34,7 +34,10 @@ pub async fn test_db(backend: Backend) -> Option<TestDb> {
             let dir = tempfile::tempdir().unwrap();
             let url = format!("sqlite://{}", dir.path().join("dc.db").display());
             Some(TestDb {
-                config: DatabaseConfig { url, max_connections: 5 },
+                config: DatabaseConfig {
+                    url,
+                    max_connections: 5,
+                },
                 _dir: Some(dir),
             })
         }
@@ -48,10 +51,16 @@ pub async fn test_db(backend: Backend) -> Option<TestDb> {
                 return None;
             };
             let name = format!("dc_test_{}", uuid::Uuid::now_v7().simple());
-            let conn = Database::connect(admin.as_str()).await.expect("connect to test Postgres");
-            conn.execute_unprepared(&format!("CREATE DATABASE {name}")).await.unwrap();
+            let conn = Database::connect(admin.as_str())
+                .await
+                .expect("connect to test Postgres");
+            conn.execute_unprepared(&format!("CREATE DATABASE {name}"))
+                .await
+                .unwrap();
             conn.close().await.unwrap();
-            let (base, _) = admin.rsplit_once('/').expect("postgres URL with a database path");
+            let (base, _) = admin
+                .rsplit_once('/')
+                .expect("postgres URL with a database path");
             Some(TestDb {
                 config: DatabaseConfig {
                     url: format!("{base}/{name}"),
@@ -70,7 +79,9 @@ pub async fn open_store(db: &TestDb) -> Store {
 }
 
 /// A service over a fresh database; the sender ends watches.
-pub async fn service(backend: Backend) -> Option<(DatacenterService, TestDb, tokio::sync::watch::Sender<bool>)> {
+pub async fn service(
+    backend: Backend,
+) -> Option<(DatacenterService, TestDb, tokio::sync::watch::Sender<bool>)> {
     let db = test_db(backend).await?;
     let store = open_store(&db).await;
     let (tx, rx) = tokio::sync::watch::channel(false);
