@@ -1,0 +1,6 @@
+//! One module per top-level command. Each defines its clap arguments, pure
+//! functions turning them into requests, and a `run` that makes the calls
+//! and prints the results.
+
+pub mod datacenter;
+pub mod token;
