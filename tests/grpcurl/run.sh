@@ -62,8 +62,8 @@ check() {
     printf '  FAIL  %s\n' "$name"
     sed 's/^/        | /' "$WORK/check.log"
     if [ -s "$OUT" ]; then
-      printf '        | last command output:\n'
-      sed 's/^/        | /' "$OUT"
+      printf '        | last command output (its end):\n'
+      tail -n 80 "$OUT" | sed 's/^/        | /'
     fi
   fi
 }
@@ -111,34 +111,65 @@ readme_block() {
   ' README.md
 }
 
-# run_readme_block NAME — runs the block with bash -euo pipefail against the
-# started server. Only the address is rewritten: the README uses the default
-# localhost:7100, the test server listens on a free port.
-run_readme_block() {
-  local name=$1 script=$WORK/readme-$1.sh
-  readme_block "$name" >"$script.orig"
-  [ -s "$script.orig" ] || { echo "README.md has no block marked <!-- test: $name -->"; return 1; }
-  sed "s/localhost:7100/$ADDR/g" "$script.orig" >"$script"
-  echo "--- README block $name (address rewritten to $ADDR):"
+# run_readme_blocks NAME... — runs the named blocks one after the other in
+# one bash (as a reader pastes them into one shell) against the started
+# server, with errexit on; a block whose name ends in "-errors" is made of
+# commands that fail on purpose and runs with errexit off. Only the address
+# is rewritten: the README uses the default localhost:7100, the test server
+# listens on a free port. Output goes to $OUT, each block's after a
+# "### <name>" line.
+run_readme_blocks() {
+  local script=$WORK/readme.sh name
+  : >"$script"
+  for name in "$@"; do
+    readme_block "$name" >"$WORK/block"
+    [ -s "$WORK/block" ] || { echo "README.md has no block marked <!-- test: $name -->"; return 1; }
+    case $name in
+      *-errors) echo "set +e" >>"$script" ;;
+      *) echo "set -e" >>"$script" ;;
+    esac
+    printf 'echo "### %s"\n' "$name" >>"$script"
+    sed "s/localhost:7100/$ADDR/g" "$WORK/block" >>"$script"
+  done
+  echo 'echo "### end"' >>"$script"
+  echo "--- README blocks $* (address rewritten to $ADDR):"
   cat "$script"
-  echo "--- output:"
-  (cd "$WORK" && PS4='+ ' bash -euo pipefail -x "$script") >"$OUT" 2>&1
+  # The exit status is that of the last command, which fails on purpose in
+  # an -errors block: reaching the end marker is what counts.
+  (cd "$WORK" && PS4='+ ' bash -uo pipefail -x "$script") >"$OUT" 2>&1 || true
+  grep -qx '### end' "$OUT" || { echo "the README commands stopped at an error (see the output's end)"; return 1; }
+}
+
+# section NAME — the output of one block of the last run_readme_blocks.
+section() {
+  awk -v start="### $1" '$0 == start { on = 1; next } /^### / { on = 0 } on' "$OUT"
 }
 
 header "README examples (run verbatim)"
 readme_grpcurl() {
-  run_readme_block grpcurl-quickstart
-  contains '"DATACENTER_STATUS_ACTIVE"'
-  contains 'ctrlplane.datacenter.v1.DatacenterService'
+  run_readme_blocks grpcurl-quickstart grpcurl-errors
+  section grpcurl-quickstart >"$WORK/quickstart.out"
+  grep -qF '"slug": "berlin-1"' "$WORK/quickstart.out" || { echo "CreateDatacenter output missing"; return 1; }
+  grep -qF '"DATACENTER_STATUS_MAINTENANCE"' "$WORK/quickstart.out" || { echo "SetDatacenterStatus output missing"; return 1; }
+  grep -qF '"DATACENTER_STATUS_DELETING"' "$WORK/quickstart.out" || { echo "DeleteDatacenter output missing"; return 1; }
+  section grpcurl-errors >"$WORK/errors.out"
+  [ "$(grep -c '^  Code: ' "$WORK/errors.out")" = 2 ] || { echo "both error examples must fail"; return 1; }
+  grep -qF 'Code: InvalidArgument' "$WORK/errors.out" || { echo "no InvalidArgument"; return 1; }
+  grep -qF 'datacenter.name: is required' "$WORK/errors.out" || { echo "message as shown missing"; return 1; }
+  grep -qF 'datacenter.labels[bad key!]' "$WORK/errors.out" || { echo "message as shown missing"; return 1; }
+  grep -qF 'Code: Unauthenticated' "$WORK/errors.out" || { echo "no Unauthenticated"; return 1; }
+  grep -qF 'Message: missing authorization metadata (expected "authorization: Bearer <token>")' "$WORK/errors.out" \
+    || { echo "message as shown missing"; return 1; }
 }
-check "README grpcurl block works verbatim" readme_grpcurl
-cp "$OUT" "$WORK/readme-grpcurl.out"
-if [ -n "$(readme_block cli-quickstart)" ]; then
-  readme_cli() {
-    run_readme_block cli-quickstart
-  }
-  check "README CLI block works verbatim" readme_cli
-fi
+check "README grpcurl blocks work verbatim" readme_grpcurl
+
+readme_cli() {
+  run_readme_blocks cli-quickstart
+  contains 'paris-1'
+  contains 'maintenance'
+  grep -qiE 'deleting' "$OUT" || { echo "delete output missing"; return 1; }
+}
+check "README CLI block works verbatim" readme_cli
 
 # --- reflection and health ------------------------------------------------------
 
@@ -286,11 +317,11 @@ check "ListDatacenters: pages, total_size, filters, tenant scope" t_list_dcs
 t_update() {
   call "$T1" UpdateDatacenter "{
     \"datacenter\": {\"id\": \"$ID\", \"name\": \"ignored\", \"region\": \"eu-west\", \"labels\": {\"env\": \"prod\"}},
-    \"update_mask\": \"region,labels\"
+    \"update_mask\": {\"paths\": [\"region\", \"labels\"]}
   }"
   jq_true '.datacenter.region == "eu-west" and .datacenter.labels == {"env": "prod"} and .datacenter.name == "Frankfurt 2"'
   jq_true '(.datacenter.bootstrapServices | length) == 1'
-  call "$T1" UpdateDatacenter "{\"datacenter\": {\"id\": \"$ID\"}, \"update_mask\": \"bootstrapServices\"}"
+  call "$T1" UpdateDatacenter "{\"datacenter\": {\"id\": \"$ID\"}, \"update_mask\": {\"paths\": [\"bootstrap_services\"]}}"
   jq_true '(.datacenter.bootstrapServices // []) | length == 0'
 }
 check "UpdateDatacenter with an update mask (empty bootstrap_services clears)" t_update
