@@ -26,6 +26,7 @@ def three_changes(client, dc_id):
 
 
 def test_watch_from_a_known_revision_then_resume_in_the_middle(tenant):
+    tenant.create("Not Watched")  # so that dc.revision - 1 >= 1 (0 means "from now on")
     dc = tenant.create("Watched")
     with Watch(tenant, since_revision=dc.revision) as watch:
         last = three_changes(tenant, dc.id)
@@ -51,9 +52,10 @@ def test_watch_from_a_known_revision_then_resume_in_the_middle(tenant):
         watch.assert_quiet()
     assert [(e.type, e.revision, e.id) for e in again] == [(e.type, e.revision, e.id) for e in events[1:]]
 
-    # Resume before the create: the whole history of this tenant.
+    # Resume just before the create: its whole history.
     with Watch(tenant, since_revision=dc.revision - 1) as watch:
         history = watch.take(4)
+        watch.assert_quiet()
     assert [e.type for e in history] == [T.DATACENTER_EVENT_TYPE_CREATED] + [e.type for e in events]
 
 
