@@ -108,6 +108,7 @@ pub async fn run(
         auth: Arc::new(Authenticator::new(&config.auth.secret)),
         service_names: vec!["ctrlplane.datacenter.v1.DatacenterService"],
         grace: config.server.shutdown_grace,
+        public_methods: Vec::new(),
     };
     let shutdown = async move {
         shutdown.await;

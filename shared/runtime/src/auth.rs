@@ -244,12 +244,24 @@ const OPEN_PREFIXES: &[&str] = &["/grpc.health.v1.Health/", "/grpc.reflection."]
 #[derive(Clone, Debug)]
 pub struct AuthLayer {
     auth: Arc<Authenticator>,
+    public: Arc<[&'static str]>,
 }
 
 impl AuthLayer {
     /// A layer verifying with `auth`.
     pub fn new(auth: Arc<Authenticator>) -> Self {
-        AuthLayer { auth }
+        AuthLayer {
+            auth,
+            public: Arc::from(Vec::new()),
+        }
+    }
+
+    /// Also lets these exact gRPC paths through without a token: methods
+    /// that authenticate themselves. A bearer token, if present, is still
+    /// verified and its caller attached.
+    pub fn with_public_methods(mut self, paths: &[&'static str]) -> Self {
+        self.public = Arc::from(paths.to_vec());
+        self
     }
 }
 
@@ -260,6 +272,7 @@ impl<S> tower::Layer<S> for AuthLayer {
         AuthService {
             inner,
             auth: self.auth.clone(),
+            public: self.public.clone(),
         }
     }
 }
@@ -269,6 +282,7 @@ impl<S> tower::Layer<S> for AuthLayer {
 pub struct AuthService<S> {
     inner: S,
     auth: Arc<Authenticator>,
+    public: Arc<[&'static str]>,
 }
 
 impl<S, B, R> tower::Service<http::Request<B>> for AuthService<S>
@@ -289,6 +303,7 @@ where
         if OPEN_PREFIXES.iter().any(|p| path.starts_with(p)) {
             return Either::Right(self.inner.call(req));
         }
+        let public = self.public.contains(&path);
         match self
             .auth
             .verify_header(req.headers().get(http::header::AUTHORIZATION))
@@ -297,6 +312,7 @@ where
                 req.extensions_mut().insert(Caller { claims });
                 Either::Right(self.inner.call(req))
             }
+            Err(AuthError::Missing) if public => Either::Right(self.inner.call(req)),
             Err(e) => Either::Left(ready(Ok(tonic::Status::from(e).into_http()))),
         }
     }

@@ -46,6 +46,10 @@ pub struct ServeOptions {
     pub service_names: Vec<&'static str>,
     /// Time in-flight calls get after shutdown begins.
     pub grace: Duration,
+    /// Full gRPC paths (`/pkg.Service/Method`) that authenticate
+    /// themselves and need no bearer token (e.g. `JoinAgent`, which carries
+    /// a join token).
+    pub public_methods: Vec<&'static str>,
 }
 
 /// Binds a listener, naming the address in the error.
@@ -112,7 +116,7 @@ pub async fn serve(
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .trace_fn(|req| tracing::debug_span!("grpc", path = %req.uri().path()))
-        .layer(AuthLayer::new(options.auth.clone()))
+        .layer(AuthLayer::new(options.auth.clone()).with_public_methods(&options.public_methods))
         .add_routes(routes)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
             let _ = stop_rx.await;
