@@ -18,7 +18,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CP_ROOT=$(pwd)
-export CP_ROOT
 # shellcheck source=tests/lib/common.sh
 source tests/lib/common.sh
 

@@ -399,8 +399,9 @@ t_sigterm() {
 }
 check "SIGTERM stops the server cleanly (exit 0)" t_sigterm
 
-CP_LISTEN_ADDR="$ADDR" CP_DATABASE_URL="sqlite://$WORK/server/datacenter.db" CP_AUTH_SECRET="$DC_SECRET" \
-  "$CP_BIN_DIR/ctrlplane-datacenter" >>"$WORK/server/server.log" 2>&1 &
+mapfile -t UNSET_CP < <(without_cp_env)
+env "${UNSET_CP[@]}" CP_LISTEN_ADDR="$ADDR" CP_DATABASE_URL="sqlite://$WORK/server/datacenter.db" \
+  CP_AUTH_SECRET="$DC_SECRET" "$CP_BIN_DIR/ctrlplane-datacenter" >>"$WORK/server/server.log" 2>&1 &
 DC_PID=$!
 RESTARTED=0
 wait_serving "$ADDR" "$DC_PID" "$WORK/server/server.log" && RESTARTED=1
@@ -415,6 +416,45 @@ t_restart() {
   contains '"DATACENTER_EVENT_TYPE_DELETED"'
 }
 check "data and change log survive a restart; watch resumes from the log" t_restart
+
+# --- configuration --------------------------------------------------------------
+
+header "configuration"
+# One environment often serves several processes: the CLI's CP_TOKEN and
+# CP_DATACENTER_ADDR, another tool's CP_* variable. The server must start
+# anyway (only unknown *flags* are errors).
+t_foreign_env() {
+  local dir=$WORK/foreign port pid rc=0
+  mkdir -p "$dir"
+  port=$(free_port)
+  env CP_LISTEN_ADDR="127.0.0.1:$port" CP_DATABASE_URL="sqlite://$dir/dc.db" CP_AUTH_SECRET="$DC_SECRET" \
+    CP_TOKEN=some-token CP_DATACENTER_ADDR="http://127.0.0.1:$port" CP_SOMETHING_ELSE=1 \
+    "$CP_BIN_DIR/ctrlplane-datacenter" >"$dir/server.log" 2>&1 &
+  pid=$!
+  wait_serving "127.0.0.1:$port" "$pid" "$dir/server.log" || rc=1
+  stop_pid "$pid"
+  return $rc
+}
+check "starts with unrelated CP_* variables in the environment (CP_TOKEN, …)" t_foreign_env
+
+t_unknown_flag() {
+  if run "$CP_BIN_DIR/ctrlplane-datacenter" --lisen-addr 127.0.0.1:0; then
+    echo "a misspelt flag must be an error"
+    return 1
+  fi
+  contains 'lisen-addr'
+}
+check "a misspelt flag is an error naming it" t_unknown_flag
+
+t_short_secret() {
+  if run env CP_AUTH_SECRET=short CP_LISTEN_ADDR=127.0.0.1:0 CP_DATA_DIR="$WORK/short" "$CP_BIN_DIR/ctrlplane-datacenter"; then
+    echo "a secret shorter than 32 bytes must be refused"
+    return 1
+  fi
+  contains 'CP_AUTH_SECRET'
+  if grep -q 'short' "$OUT" && ! grep -q 'at least 32' "$OUT"; then echo "the secret leaked"; return 1; fi
+}
+check "a short secret is refused, naming the variable" t_short_secret
 
 echo
 if [ "$FAILED" -gt 0 ]; then

@@ -166,15 +166,27 @@ stop_postgres() {
 
 # --- the datacenter server --------------------------------------------------
 
+# Arguments for `env` that drop every CP_* variable of this environment, so
+# that a server started by a test sees only the settings the test gives it.
+without_cp_env() {
+  local v
+  for v in $(compgen -e); do
+    case $v in CP_*) printf -- '-u\n%s\n' "$v" ;; esac
+  done
+}
+
 # start_datacenter DIR — starts $CP_BIN_DIR/ctrlplane-datacenter on a free port
-# with a SQLite file and a fresh secret under DIR; sets DC_PID, DC_ADDR,
-# DC_SECRET; waits until health says SERVING.
+# with a SQLite file and a fresh secret under DIR (and no other CP_* setting
+# from this environment); sets DC_PID, DC_ADDR, DC_SECRET; waits until health
+# says SERVING.
 start_datacenter() {
-  local dir=$1 port
+  local dir=$1 port unset_args
   [ -x "$CP_BIN_DIR/ctrlplane-datacenter" ] || die "$CP_BIN_DIR/ctrlplane-datacenter is missing (cargo build --workspace)"
   port=$(free_port)
   DC_ADDR="127.0.0.1:$port"
   DC_SECRET=$(random_secret)
+  mapfile -t unset_args < <(without_cp_env)
+  env "${unset_args[@]}" \
   CP_LISTEN_ADDR="$DC_ADDR" \
   CP_DATABASE_URL="sqlite://$dir/datacenter.db" \
   CP_DATA_DIR="$dir" \
