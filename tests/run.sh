@@ -156,7 +156,7 @@ check "cargo clippy --workspace --all-targets -- -D warnings" \
 required check "cargo build --workspace --all-targets" cargo build --workspace --all-targets --locked
 
 nextest() {
-  cargo nextest run --workspace --locked --no-fail-fast 2>&1 | tee "$LOG_DIR/nextest.log"
+  timeout 1500 cargo nextest run --workspace --locked --no-fail-fast 2>&1 | tee "$LOG_DIR/nextest.log"
 }
 step "cargo nextest run --workspace" nextest || true
 tally "$LOG_DIR/nextest.log" 'tests? run: '

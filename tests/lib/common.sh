@@ -55,7 +55,7 @@ apt_install() {
     apt-get update -q >/dev/null
     _apt_updated=1
   fi
-  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  apt-get install -y -q "${missing[@]}" >/dev/null
 }
 
 # The newest PostgreSQL server bin directory, e.g. /usr/lib/postgresql/15/bin.
