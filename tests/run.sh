@@ -152,11 +152,11 @@ setup "PostgreSQL for the store tests" start_postgres
 check "cargo fmt --all --check" cargo fmt --all --check || true
 check "buf lint (proto/)" bash -c 'cd proto && buf lint' || true
 check "cargo clippy --workspace --all-targets -- -D warnings" \
-  cargo clippy --workspace --all-targets --locked -- -D warnings || true
-required check "cargo build --workspace --all-targets" cargo build --workspace --all-targets --locked
+  cargo clippy --workspace --all-targets -- -D warnings || true
+required check "cargo build --workspace --all-targets" cargo build --workspace --all-targets
 
 nextest() {
-  timeout 1500 cargo nextest run --workspace --locked --no-fail-fast 2>&1 | tee "$LOG_DIR/nextest.log"
+  timeout 1500 cargo nextest run --workspace --no-fail-fast 2>&1 | tee "$LOG_DIR/nextest.log"
 }
 step "cargo nextest run --workspace" nextest || true
 tally "$LOG_DIR/nextest.log" 'tests? run: '
