@@ -20,6 +20,9 @@ pub enum Error {
     /// The caller may see but not change it.
     #[error("{0}")]
     PermissionDenied(String),
+    /// The caller's credential is not (or no longer) valid.
+    #[error("{0}")]
+    Unauthenticated(String),
     /// A dependency (e.g. a provider agent) is not available.
     #[error("{0}")]
     Unavailable(String),
@@ -55,6 +58,7 @@ impl From<Error> for tonic::Status {
             Error::AlreadyExists(m) => tonic::Status::already_exists(m),
             Error::FailedPrecondition(m) => tonic::Status::failed_precondition(m),
             Error::PermissionDenied(m) => tonic::Status::permission_denied(m),
+            Error::Unauthenticated(m) => tonic::Status::unauthenticated(m),
             Error::Unavailable(m) => tonic::Status::unavailable(m),
             Error::Database(e) => {
                 tracing::error!(error = %e, "database error");

@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod convert;
 pub mod error;
 pub mod grpc;
@@ -21,6 +22,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use ctrlplane_proto::agent::v1::agent_registry_service_server::AgentRegistryServiceServer;
 use ctrlplane_proto::datacenter::v1::datacenter_service_server::DatacenterServiceServer;
 use ctrlplane_runtime::auth::Authenticator;
 use ctrlplane_runtime::config::{
@@ -58,6 +60,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// Database.
     pub database: DatabaseConfig,
+    /// Agent registry settings.
+    pub registry: agents::service::RegistryConfig,
 }
 
 impl Config {
@@ -71,6 +75,7 @@ impl Config {
             server: ServerConfig::from_settings(s, default_addr())?,
             auth: AuthConfig::from_settings(s)?,
             database: DatabaseConfig::from_settings(s, "datacenter.db")?,
+            registry: agents::service::RegistryConfig::default(),
         })
     }
 }
@@ -99,16 +104,30 @@ pub async fn run(
         .await
         .map_err(Error::from)?;
     let store = store::Store::open(db).await?;
+    let auth = Arc::new(Authenticator::new(&config.auth.secret));
+    let registry = agents::service::AgentRegistry::new(
+        agents::store::AgentStore::new(store.db().clone()),
+        store.clone(),
+        auth.clone(),
+        config.registry.clone(),
+        Arc::new(chrono::Utc::now),
+    );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let service = service::DatacenterService::new(store, stop_rx);
+    let service = service::DatacenterService::new(store, registry.clone(), stop_rx);
     let routes = tonic::service::Routes::new(DatacenterServiceServer::new(
         grpc::DatacenterGrpc::new(service),
+    ))
+    .add_service(AgentRegistryServiceServer::new(
+        agents::grpc::AgentRegistryGrpc::new(registry),
     ));
     let options = ServeOptions {
-        auth: Arc::new(Authenticator::new(&config.auth.secret)),
-        service_names: vec!["ctrlplane.datacenter.v1.DatacenterService"],
+        auth,
+        service_names: vec![
+            "ctrlplane.datacenter.v1.DatacenterService",
+            "ctrlplane.agent.v1.AgentRegistryService",
+        ],
         grace: config.server.shutdown_grace,
-        public_methods: Vec::new(),
+        public_methods: vec![agents::grpc::JOIN_AGENT_PATH],
     };
     let shutdown = async move {
         shutdown.await;

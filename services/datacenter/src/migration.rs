@@ -12,7 +12,7 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(M0001Datacenters)]
+        vec![Box::new(M0001Datacenters), Box::new(M0002Agents)]
     }
 
     fn migration_table_name() -> sea_orm::DynIden {
@@ -98,6 +98,57 @@ impl MigrationTrait for M0001Datacenters {
                 "CREATE INDEX datacenter_events_dc ON datacenter_events (datacenter_id, revision)",
                 "CREATE TABLE datacenter_revision (id INTEGER PRIMARY KEY, value BIGINT NOT NULL)",
                 "INSERT INTO datacenter_revision (id, value) VALUES (1, 0)",
+            ],
+        )
+        .await
+    }
+}
+
+struct M0002Agents;
+
+impl MigrationName for M0002Agents {
+    fn name(&self) -> &str {
+        "m0002_agents"
+    }
+}
+
+#[async_trait::async_trait]
+impl MigrationTrait for M0002Agents {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        ddl(
+            manager,
+            &[
+                "CREATE TABLE join_tokens (
+                    id TEXT PRIMARY KEY,
+                    token_hash TEXT NOT NULL,
+                    provider_name TEXT NOT NULL,
+                    expire_time {ts} NOT NULL,
+                    max_uses INTEGER NOT NULL,
+                    uses INTEGER NOT NULL,
+                    created_by TEXT NOT NULL,
+                    create_time {ts} NOT NULL
+                )",
+                "CREATE TABLE agents (
+                    id TEXT PRIMARY KEY,
+                    provider_name TEXT NOT NULL,
+                    endpoint TEXT NOT NULL,
+                    version TEXT NOT NULL,
+                    capabilities TEXT NOT NULL,
+                    info TEXT NOT NULL,
+                    join_token_id TEXT NOT NULL,
+                    idempotency_key TEXT NOT NULL,
+                    revoked BOOLEAN NOT NULL,
+                    last_heartbeat_time {ts} NOT NULL,
+                    lease_expire_time {ts} NOT NULL,
+                    last_checked_at {ts},
+                    last_latency_ms BIGINT,
+                    probe_ok BOOLEAN,
+                    last_error TEXT NOT NULL,
+                    create_time {ts} NOT NULL,
+                    update_time {ts} NOT NULL
+                )",
+                "CREATE UNIQUE INDEX agents_join_key ON agents (join_token_id, idempotency_key)",
+                "CREATE INDEX agents_provider ON agents (provider_name)",
             ],
         )
         .await

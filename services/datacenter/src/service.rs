@@ -19,6 +19,7 @@ use ctrlplane_runtime::auth::Caller;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
+use crate::agents::service::AgentRegistry;
 use crate::error::{Error, Result};
 use crate::model::{
     Datacenter, DatacenterPatch, Event, EventKind, ListFilter, NewDatacenter, Page, Scope, Status,
@@ -44,6 +45,7 @@ const WATCH_BATCH: u64 = 256;
 #[derive(Clone, Debug)]
 pub struct DatacenterService {
     store: Store,
+    registry: AgentRegistry,
     shutdown: watch::Receiver<bool>,
 }
 
@@ -64,8 +66,12 @@ struct EventsCursor {
 
 impl DatacenterService {
     /// A service over `store`; watches end when `shutdown` turns true.
-    pub fn new(store: Store, shutdown: watch::Receiver<bool>) -> Self {
-        DatacenterService { store, shutdown }
+    pub fn new(store: Store, registry: AgentRegistry, shutdown: watch::Receiver<bool>) -> Self {
+        DatacenterService {
+            store,
+            registry,
+            shutdown,
+        }
     }
 
     /// The store.
@@ -112,6 +118,9 @@ impl DatacenterService {
             &input.bootstrap_services,
         );
         v.into_result()?;
+        self.registry
+            .require_registered(&input.provider_name)
+            .await?;
 
         let now = crate::store::now();
         let dc = Datacenter {
@@ -316,6 +325,9 @@ impl DatacenterService {
             validate::bootstrap_specs(&mut v, "datacenter.bootstrap_services", b);
         }
         v.into_result()?;
+        if let Some(p) = &patch.provider_name {
+            self.registry.require_registered(p).await?;
+        }
 
         self.store
             .mutate(id, caller.subject(), |current| {
@@ -508,12 +520,14 @@ impl DatacenterService {
             }
             other => other,
         })?;
-        // The agent registry arrives with the provider agents; until an
-        // agent has joined for this provider there is nothing to resolve to.
-        Err(Error::Unavailable(format!(
-            "no healthy agent is registered for provider {:?} (datacenter {})",
-            dc.provider_name, dc.id
-        )))
+        let agent = self.registry.resolve(&dc.provider_name).await?;
+        Ok((
+            dc,
+            ResolvedAgent {
+                agent_id: agent.id,
+                endpoint: agent.endpoint,
+            },
+        ))
     }
 
     /// A page of change-log events, oldest first.

@@ -1,102 +1,19 @@
 //! The datacenter service over a real socket: every RPC, every error path,
 //! auth, health, and graceful shutdown with an open watch stream.
 
+mod common;
+
+use common::server::*;
+
 use std::time::Duration;
 
-use ctrlplane_datacenter::{Config, run};
 use ctrlplane_proto::bootstrap::v1::BootstrapServiceSpec;
-use ctrlplane_proto::datacenter::v1::{
-    self as pb, datacenter_service_client::DatacenterServiceClient,
-};
+use ctrlplane_proto::datacenter::v1 as pb;
 use ctrlplane_proto::pbjson_types::FieldMask;
 use ctrlplane_proto::provider::v1::ServiceSpec;
 use ctrlplane_runtime::auth::{Authenticator, Claims, ROLE_ADMIN, ROLE_SERVICE};
-use ctrlplane_runtime::config::{AuthConfig, DatabaseConfig, ServerConfig};
 use tonic::Code;
-use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 use tonic_types::StatusExt;
-
-const SECRET: &[u8] = b"grpc-test-secret-grpc-test-secret";
-
-struct Server {
-    addr: std::net::SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    handle: tokio::task::JoinHandle<Result<(), ctrlplane_datacenter::RunError>>,
-    _dir: tempfile::TempDir,
-}
-
-async fn start() -> Server {
-    ctrlplane_runtime::telemetry::install_crypto_provider();
-    let dir = tempfile::tempdir().unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let config = Config {
-        server: ServerConfig {
-            listen_addr: addr,
-            shutdown_grace: Duration::from_secs(5),
-        },
-        auth: AuthConfig {
-            secret: SECRET.to_vec(),
-        },
-        database: DatabaseConfig {
-            url: format!("sqlite://{}", dir.path().join("dc.db").display()),
-            max_connections: 5,
-        },
-    };
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let handle = tokio::spawn(run(config, listener, async {
-        let _ = rx.await;
-    }));
-    Server {
-        addr,
-        stop: Some(tx),
-        handle,
-        _dir: dir,
-    }
-}
-
-/// Sets the `authorization` header verbatim (or not at all).
-#[derive(Clone)]
-struct RawAuth(Option<String>);
-
-impl Interceptor for RawAuth {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut()
-                .insert("authorization", v.parse().unwrap());
-        }
-        Ok(req)
-    }
-}
-
-type Client = DatacenterServiceClient<InterceptedService<Channel, RawAuth>>;
-
-fn channel(s: &Server) -> Channel {
-    ctrlplane_runtime::client::channel(&s.addr.to_string()).unwrap()
-}
-
-fn client_with(s: &Server, header: Option<String>) -> Client {
-    DatacenterServiceClient::with_interceptor(channel(s), RawAuth(header))
-}
-
-fn token(sub: &str, tenant: &str, roles: &[&str]) -> String {
-    Authenticator::new(SECRET).mint(&Claims::new(
-        sub,
-        tenant,
-        roles.iter().map(|r| r.to_string()).collect(),
-        Duration::from_secs(600),
-    ))
-}
-
-fn client(s: &Server, sub: &str, tenant: &str, roles: &[&str]) -> Client {
-    client_with(s, Some(format!("Bearer {}", token(sub, tenant, roles))))
-}
-
-fn admin(s: &Server) -> Client {
-    client(s, "admin", "", &[ROLE_ADMIN])
-}
 
 fn dc(name: &str) -> pb::Datacenter {
     pb::Datacenter {
@@ -238,15 +155,17 @@ async fn every_rpc_over_a_socket() {
         .unwrap();
     assert_eq!(moved.status, pb::DatacenterStatus::Maintenance as i32);
 
-    // No agent has joined for "process": UNAVAILABLE saying so.
-    let err = c
+    // The agent joined in start() serves "process".
+    let resolved = c
         .resolve_provider(pb::ResolveProviderRequest {
             datacenter_id: created.id.clone(),
         })
         .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::Unavailable);
-    assert!(err.message().contains("\"process\""), "{}", err.message());
+        .unwrap()
+        .into_inner();
+    assert_eq!(resolved.provider_name, "process");
+    assert_eq!(resolved.agent_endpoint, "http://127.0.0.1:7401");
+    assert!(resolved.agent_id.starts_with("agt_"));
 
     let deleted = c
         .delete_datacenter(pb::DeleteDatacenterRequest {

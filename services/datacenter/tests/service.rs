@@ -699,7 +699,8 @@ async fn change_log_and_watch(b: Backend) {
     // from a revision and replays what followed, from the persisted log.
     let store = open_store(&db).await;
     let (_tx, rx2) = tokio::sync::watch::channel(false);
-    let restarted = DatacenterService::new(store, rx2);
+    let registry = common::registry(&store, &common::FakeClock::new());
+    let restarted = DatacenterService::new(store, registry, rx2);
     let mut rx = restarted.watch(&admin(), first.revision).await.unwrap();
     let mut revs = Vec::new();
     for _ in 0..4 {

@@ -4,7 +4,15 @@
 
 #![allow(dead_code)]
 
+pub mod server;
+
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use ctrlplane_datacenter::agents::service::{AgentRegistry, Clock, JoinInput, RegistryConfig};
+use ctrlplane_datacenter::agents::store::AgentStore;
+use ctrlplane_runtime::auth::Authenticator;
 
 use ctrlplane_datacenter::service::DatacenterService;
 use ctrlplane_datacenter::store::Store;
@@ -78,14 +86,91 @@ pub async fn open_store(db: &TestDb) -> Store {
     Store::open(conn).await.unwrap()
 }
 
+/// A controllable clock for registry tests.
+#[derive(Clone)]
+pub struct FakeClock(pub Arc<Mutex<DateTime<Utc>>>);
+
+impl FakeClock {
+    pub fn new() -> Self {
+        FakeClock(Arc::new(Mutex::new(Utc::now())))
+    }
+    pub fn advance(&self, d: Duration) {
+        *self.0.lock().unwrap() += chrono::Duration::from_std(d).unwrap();
+    }
+    pub fn clock(&self) -> Clock {
+        let inner = self.0.clone();
+        Arc::new(move || *inner.lock().unwrap())
+    }
+}
+
+/// A test secret.
+pub const SECRET: &[u8] = b"service-test-secret-service-test";
+
+/// A registry over `store` with a fake clock.
+pub fn registry(store: &Store, clock: &FakeClock) -> AgentRegistry {
+    AgentRegistry::new(
+        AgentStore::new(store.db().clone()),
+        store.clone(),
+        Arc::new(Authenticator::new(SECRET)),
+        RegistryConfig::default(),
+        clock.clock(),
+    )
+}
+
+/// Joins an agent for `provider` through the real registry flow.
+pub async fn join_agent(registry: &AgentRegistry, provider: &str) -> String {
+    let (_, token) = registry
+        .create_join_token(&admin(), provider, None, 1)
+        .await
+        .unwrap();
+    registry
+        .join(JoinInput {
+            token,
+            provider_name: provider.to_string(),
+            endpoint: "http://127.0.0.1:9".to_string(),
+            idempotency_key: uuid::Uuid::now_v7().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .agent
+        .id
+}
+
+/// Everything a service test needs.
+pub struct Env {
+    pub svc: DatacenterService,
+    pub registry: AgentRegistry,
+    pub clock: FakeClock,
+    pub db: TestDb,
+    pub stop: tokio::sync::watch::Sender<bool>,
+}
+
+/// A service over a fresh database with agents joined for the `process`
+/// and `docker` providers.
+pub async fn env(backend: Backend) -> Option<Env> {
+    let db = test_db(backend).await?;
+    let store = open_store(&db).await;
+    let clock = FakeClock::new();
+    let registry = registry(&store, &clock);
+    join_agent(&registry, "process").await;
+    join_agent(&registry, "docker").await;
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    Some(Env {
+        svc: DatacenterService::new(store, registry.clone(), rx),
+        registry,
+        clock,
+        db,
+        stop,
+    })
+}
+
 /// A service over a fresh database; the sender ends watches.
 pub async fn service(
     backend: Backend,
 ) -> Option<(DatacenterService, TestDb, tokio::sync::watch::Sender<bool>)> {
-    let db = test_db(backend).await?;
-    let store = open_store(&db).await;
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    Some((DatacenterService::new(store, rx), db, tx))
+    let e = env(backend).await?;
+    Some((e.svc, e.db, e.stop))
 }
 
 fn caller(sub: &str, tenant: &str, roles: &[&str]) -> Caller {
