@@ -150,10 +150,8 @@ pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Command, UsageErr
             while let Some(a) = it.next() {
                 match a.as_str() {
                     "--after" => {
-                        after = Duration::from_millis(number(
-                            "--after",
-                            &value("--after", &mut it)?,
-                        )?);
+                        after =
+                            Duration::from_millis(number("--after", &value("--after", &mut it)?)?);
                     }
                     "--message" => message = value("--message", &mut it)?,
                     other => return err(format!("exit: unknown argument {other:?}")),
