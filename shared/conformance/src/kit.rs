@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ctrlplane_agent::Capability;
 use ctrlplane_agent::client::{ProviderClient, provider_client};
@@ -333,11 +333,12 @@ where
 /// # Panics
 /// On timeout, with `what` and the last `Err` that `f` returned.
 pub async fn eventually<T>(what: &str, mut f: impl AsyncFnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + WAIT;
+    // tokio's clock, so the helper can be tested under paused time.
+    let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         match f().await {
             Ok(v) => return v,
-            Err(last) if Instant::now() >= deadline => {
+            Err(last) if tokio::time::Instant::now() >= deadline => {
                 panic!("timed out after {WAIT:?} waiting for {what}; last observed: {last}")
             }
             Err(_) => tokio::time::sleep(POLL).await,
@@ -611,4 +612,111 @@ pub async fn wait_port_closed(host: &str, port: u16) {
         },
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_round_trip_through_nanos() {
+        for n in [0i128, 1, 999_999_999, 1_700_000_000_123_456_789, -1] {
+            assert_eq!(nanos(Some(&timestamp(n))), n);
+        }
+        assert_eq!(nanos(None), i128::MIN);
+        let t = timestamp(-1);
+        assert_eq!((t.seconds, t.nanos), (-1, 999_999_999));
+    }
+
+    #[test]
+    fn endpoints_are_found_by_service_port_and_replica() {
+        let ep = |service: &str, replica, host: &str, port| pb::Endpoint {
+            service_name: service.into(),
+            container_port: HTTP_PORT,
+            replica,
+            host: host.into(),
+            port,
+            ..Default::default()
+        };
+        let s = pb::InstanceStatus {
+            endpoints: vec![
+                ep("main", 0, "0.0.0.0", 4000),
+                ep("main", 1, "10.0.0.2", 4001),
+                ep("side", 0, "", 4002),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            endpoint(&s, "main", HTTP_PORT, 0),
+            Some(("127.0.0.1".into(), 4000))
+        );
+        assert_eq!(
+            endpoint(&s, "main", HTTP_PORT, 1),
+            Some(("10.0.0.2".into(), 4001))
+        );
+        assert_eq!(
+            endpoint(&s, "side", HTTP_PORT, 0),
+            Some(("127.0.0.1".into(), 4002))
+        );
+        assert_eq!(endpoint(&s, "main", 9090, 0), None);
+        assert_eq!(endpoint(&s, "main", HTTP_PORT, 2), None);
+    }
+
+    #[test]
+    fn log_lines_are_parsed() {
+        let l = |line: &str, stream: pb::LogStream| pb::StreamLogsResponse {
+            line: line.into(),
+            stream: stream as i32,
+            service_name: "main".into(),
+            ..Default::default()
+        };
+        assert_eq!(tick(&l("tick 12\n", pb::LogStream::Stdout)), Some(12));
+        assert_eq!(tick(&l("tock 12", pb::LogStream::Stdout)), None);
+        assert_eq!(warn(&l("warn 5", pb::LogStream::Stderr)), Some(5));
+        assert!(is_stdout(&l("x", pb::LogStream::Stdout)));
+        assert!(is_stderr(&l("x", pb::LogStream::Stderr)));
+        assert!(describe_line(&l("warn 5", pb::LogStream::Stderr)).contains("main/0 stderr"));
+    }
+
+    #[test]
+    fn invalid_argument_fields_are_read_from_the_details() {
+        let mut v = ctrlplane_core::Violations::new();
+        v.add("instance_id", "is required");
+        v.add("services[0].ports[0].container", "must be 1-65535, got 0");
+        let status = v.to_status();
+        assert_eq!(
+            violation_fields(&status),
+            vec!["instance_id", "services[0].ports[0].container"]
+        );
+        expect_invalid::<()>("x", Err(status.clone()), &["instance_id"]);
+        let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            expect_invalid::<()>("x", Err(status.clone()), &["name"]);
+        }));
+        assert!(r.is_err(), "a missing field must fail the assertion");
+        let r = std::panic::catch_unwind(|| expect_code("x", Ok(()), Code::NotFound));
+        assert!(r.is_err(), "success must fail expect_code");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn eventually_returns_the_first_ok_and_fails_with_the_last_error() {
+        let mut n = 0;
+        let v = eventually("three tries", async || {
+            n += 1;
+            if n < 3 {
+                Err(format!("try {n}"))
+            } else {
+                Ok(n)
+            }
+        })
+        .await;
+        assert_eq!(v, 3);
+
+        let r = tokio::spawn(async {
+            eventually::<()>("never", async || Err("still no".to_string())).await;
+        })
+        .await;
+        let panic = r.expect_err("must time out").into_panic();
+        let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("never") && msg.contains("still no"), "{msg}");
+    }
 }
