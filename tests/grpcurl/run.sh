@@ -23,6 +23,9 @@ command -v jq >/dev/null || apt_install jq
 export PATH="$CP_BIN_DIR:$PATH"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ctrlplane-grpcurl.XXXXXX")
+# `env` arguments that drop this environment's CP_* variables (such as
+# CP_TEST_POSTGRES_URL) for servers started here: each test gives its own.
+mapfile -t UNSET_CP < <(without_cp_env)
 DC_PID=""
 cleanup() {
   stop_pid "$DC_PID"
@@ -399,7 +402,6 @@ t_sigterm() {
 }
 check "SIGTERM stops the server cleanly (exit 0)" t_sigterm
 
-mapfile -t UNSET_CP < <(without_cp_env)
 env "${UNSET_CP[@]}" CP_LISTEN_ADDR="$ADDR" CP_DATABASE_URL="sqlite://$WORK/server/datacenter.db" \
   CP_AUTH_SECRET="$DC_SECRET" "$CP_BIN_DIR/ctrlplane-datacenter" >>"$WORK/server/server.log" 2>&1 &
 DC_PID=$!
@@ -427,7 +429,7 @@ t_foreign_env() {
   local dir=$WORK/foreign port pid rc=0
   mkdir -p "$dir"
   port=$(free_port)
-  env CP_LISTEN_ADDR="127.0.0.1:$port" CP_DATABASE_URL="sqlite://$dir/dc.db" CP_AUTH_SECRET="$DC_SECRET" \
+  env "${UNSET_CP[@]}" CP_LISTEN_ADDR="127.0.0.1:$port" CP_DATABASE_URL="sqlite://$dir/dc.db" CP_AUTH_SECRET="$DC_SECRET" \
     CP_TOKEN=some-token CP_DATACENTER_ADDR="http://127.0.0.1:$port" CP_SOMETHING_ELSE=1 \
     "$CP_BIN_DIR/ctrlplane-datacenter" >"$dir/server.log" 2>&1 &
   pid=$!
@@ -438,7 +440,7 @@ t_foreign_env() {
 check "starts with unrelated CP_* variables in the environment (CP_TOKEN, …)" t_foreign_env
 
 t_unknown_flag() {
-  if run "$CP_BIN_DIR/ctrlplane-datacenter" --lisen-addr 127.0.0.1:0; then
+  if run env "${UNSET_CP[@]}" CP_AUTH_SECRET="$DC_SECRET" "$CP_BIN_DIR/ctrlplane-datacenter" --lisen-addr 127.0.0.1:0; then
     echo "a misspelt flag must be an error"
     return 1
   fi
@@ -447,7 +449,7 @@ t_unknown_flag() {
 check "a misspelt flag is an error naming it" t_unknown_flag
 
 t_short_secret() {
-  if run env CP_AUTH_SECRET=short CP_LISTEN_ADDR=127.0.0.1:0 CP_DATA_DIR="$WORK/short" "$CP_BIN_DIR/ctrlplane-datacenter"; then
+  if run env "${UNSET_CP[@]}" CP_AUTH_SECRET=short CP_LISTEN_ADDR=127.0.0.1:0 CP_DATA_DIR="$WORK/short" "$CP_BIN_DIR/ctrlplane-datacenter"; then
     echo "a secret shorter than 32 bytes must be refused"
     return 1
   fi
