@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use ctrlplane_runtime::config::{BOOTSTRAP_ADDR, DATACENTER_ADDR, SCHEDULER_ADDR};
 
+use crate::cmd::agents::AgentsArgs;
 use crate::cmd::datacenter::DatacenterArgs;
 use crate::cmd::token::TokenArgs;
 use crate::output::OutputFormat;
@@ -24,6 +25,8 @@ The config file is JSON: {\"datacenter_addr\": \"â€¦\", \"bootstrap_addr\": \"â€
 
 Getting started:
   export CP_TOKEN=$(ctrlplane token --secret-file secret.txt --role system:admin)
+  CP_JOIN_TOKEN=$(ctrlplane agents token --provider process) ctrlplane-agent-process &
+  ctrlplane agents list
   ctrlplane dc create --name \"Berlin 1\" --provider process --region eu-central
   ctrlplane dc list";
 
@@ -43,7 +46,7 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Global options")]
 pub struct GlobalOpts {
-    /// Address of the datacenter service [default: http://127.0.0.1:7100]
+    /// Address of the datacenter service (and its agent registry) [default: http://127.0.0.1:7100]
     #[arg(long, global = true, env = DATACENTER_ADDR, value_name = "ADDR")]
     pub endpoint: Option<String>,
 
@@ -81,6 +84,9 @@ pub enum Command {
     /// Manage datacenters: deployment locations, each backed by one provider
     #[command(visible_alias = "dc")]
     Datacenter(DatacenterArgs),
+    /// Manage provider agents: join tokens, registered agents, health checks
+    #[command(visible_alias = "agent")]
+    Agents(AgentsArgs),
 }
 
 #[cfg(test)]

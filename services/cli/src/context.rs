@@ -18,6 +18,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use ctrlplane_proto::agent::v1::agent_registry_service_client::AgentRegistryServiceClient;
 use ctrlplane_proto::datacenter::v1::datacenter_service_client::DatacenterServiceClient;
 use ctrlplane_runtime::client::{AuthedChannel, BearerInterceptor, authed_channel, normalize_addr};
 use ctrlplane_runtime::config::ports;
@@ -324,6 +325,17 @@ impl Context {
         ))
     }
 
+    /// An `AgentRegistryService` client (served by the datacenter
+    /// service, at its address).
+    ///
+    /// # Errors
+    /// As [`Context::channel`].
+    pub fn agents(&self) -> Result<AgentRegistryServiceClient<AuthedChannel>, CliError> {
+        Ok(AgentRegistryServiceClient::new(
+            self.channel(Peer::Datacenter)?,
+        ))
+    }
+
     /// Wraps a request message with the call deadline (sent to the server
     /// as `grpc-timeout`).
     pub fn request<T>(&self, message: T) -> tonic::Request<T> {
@@ -450,6 +462,7 @@ mod tests {
             T,
         );
         let err = ctx.datacenter().unwrap_err().to_string();
+        assert_eq!(ctx.agents().unwrap_err().to_string(), err);
         assert!(
             err.contains("no token: pass --token, set CP_TOKEN"),
             "{err}"
@@ -466,7 +479,7 @@ mod tests {
         };
         let ctx = Context::resolve(o.clone(), &ConfigFile::default(), None, T);
         assert!(
-            ctx.datacenter().is_ok(),
+            ctx.datacenter().is_ok() && ctx.agents().is_ok(),
             "nothing listens there, but connecting is lazy"
         );
         let bad = Overrides {

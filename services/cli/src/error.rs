@@ -124,6 +124,17 @@ impl fmt::Display for RpcDisplay<'_> {
                     self.service, self.addr
                 )?;
             }
+            Code::FailedPrecondition => {
+                if let Some(provider) = unregistered_provider(status.message()) {
+                    write!(
+                        f,
+                        "\nhint: mint a join token with `ctrlplane agents token --provider {provider}` \
+                         and start the provider's agent with it ({}); \
+                         `ctrlplane agents list` shows the agents that joined",
+                        ctrlplane_runtime::config::JOIN_TOKEN
+                    )?;
+                }
+            }
             Code::Unauthenticated => {
                 write!(
                     f,
@@ -135,6 +146,14 @@ impl fmt::Display for RpcDisplay<'_> {
         }
         Ok(())
     }
+}
+
+/// The provider named by the datacenter service's refusal to use a
+/// provider no agent has joined for (`no agent has registered for provider
+/// "nomad": …`).
+fn unregistered_provider(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("no agent has registered for provider \"")?;
+    rest.split('"').next().filter(|p| !p.is_empty())
 }
 
 #[cfg(test)]
@@ -201,6 +220,36 @@ mod tests {
             rpc(tonic::Status::unauthenticated("token expired"))
                 .to_string()
                 .contains("ctrlplane token")
+        );
+    }
+
+    #[test]
+    fn unregistered_providers_get_a_join_hint() {
+        let err = rpc(tonic::Status::failed_precondition(
+            "no agent has registered for provider \"nomad\": start one with a join token \
+             (CreateJoinToken) before creating datacenters on it",
+        ))
+        .to_string();
+        assert!(
+            err.starts_with(
+                "FAILED_PRECONDITION: no agent has registered for provider \"nomad\": "
+            ),
+            "{err}"
+        );
+        assert!(
+            err.contains(
+                "\nhint: mint a join token with `ctrlplane agents token --provider nomad` \
+                          and start the provider's agent with it (CP_JOIN_TOKEN)"
+            ),
+            "{err}"
+        );
+        // Other failed preconditions get no hint.
+        assert_eq!(
+            rpc(tonic::Status::failed_precondition(
+                "cannot move draining → maintenance"
+            ))
+            .to_string(),
+            "FAILED_PRECONDITION: cannot move draining → maintenance"
         );
     }
 

@@ -7,7 +7,7 @@
 //! - [`cli`]: the command tree and the global options;
 //! - [`context`]: addresses, token and config file resolution, and the gRPC
 //!   clients every server-facing command gets from it;
-//! - [`cmd`]: the commands (`token`, `datacenter`);
+//! - [`cmd`]: the commands (`token`, `datacenter`, `agents`);
 //! - [`input`]: `KEY=VALUE` flags and proto-JSON input files;
 //! - [`output`]: tables, `Key: value` views, proto JSON;
 //! - [`error`]: the error type and how failures (gRPC statuses with their
@@ -43,6 +43,11 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Datacenter(args) => {
             let ctx = Context::from_global(&cli.global)?;
             cmd::datacenter::run(&ctx, args, cli.global.output, out).await
+        }
+        Command::Agents(args) => {
+            let ctx = Context::from_global(&cli.global)?;
+            let mut err = std::io::stderr().lock();
+            cmd::agents::run(&ctx, args, cli.global.output, out, &mut err).await
         }
     }
 }

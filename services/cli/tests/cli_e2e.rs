@@ -1,7 +1,14 @@
 //! End to end: the real `ctrlplane-datacenter` binary on a temp SQLite file,
-//! driven by the real `ctrlplane` binary through token → create → get →
-//! list → update → set-status → delete, checking stdout, stderr and exit
-//! codes.
+//! driven by the real `ctrlplane` binary through token → agents token →
+//! (agents join) → agents list/get → create → get → list → update →
+//! set-status → delete → agents check/revoke, checking stdout, stderr and
+//! exit codes.
+//!
+//! Datacenters can only be created on a provider some agent has joined for,
+//! so the test mints join tokens with `ctrlplane agents token` and joins
+//! agents itself, calling `JoinAgent` as `ctrlplane-agent-*` do (no bearer
+//! token; the join token is the credential). Nothing serves at the agents'
+//! endpoints, so `agents check` finds them unhealthy.
 //!
 //! The server binary is not a dependency of this crate, so it is looked up
 //! next to the `ctrlplane` binary (same target dir and profile), then under
@@ -15,6 +22,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use ctrlplane_proto::agent::v1::agent_registry_service_client::AgentRegistryServiceClient;
+use ctrlplane_proto::agent::v1::{
+    Agent, AgentHealth, CheckAgentsResponse, CreateJoinTokenResponse, JoinAgentRequest,
+    JoinAgentResponse, ListAgentsResponse,
+};
 use ctrlplane_proto::datacenter::v1::{Datacenter, DatacenterStatus, ListDatacentersResponse};
 use ctrlplane_runtime::auth::{Authenticator, ROLE_ADMIN};
 
@@ -163,6 +175,78 @@ fn datacenter(json: &str) -> Datacenter {
     serde_json::from_str(json).unwrap_or_else(|e| panic!("not a Datacenter ({e}):\n{json}"))
 }
 
+fn agent(json: &str) -> Agent {
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("not an Agent ({e}):\n{json}"))
+}
+
+/// The value of `key` in a `Key: value` view.
+#[track_caller]
+fn field<'a>(view: &'a str, key: &str) -> &'a str {
+    let prefix = format!("{key}:");
+    view.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {key:?} in:\n{view}"))
+        .trim()
+}
+
+/// The table row starting with `id`.
+#[track_caller]
+fn row<'a>(table: &'a str, id: &str) -> Vec<&'a str> {
+    let line = table
+        .lines()
+        .find(|l| l.starts_with(&format!("{id} ")))
+        .unwrap_or_else(|| panic!("no row {id} in:\n{table}"));
+    line.split("   ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// An http endpoint on a loopback port nobody listens on (bound, then
+/// released), so health probes of an agent "at" it fail fast.
+fn closed_endpoint() -> String {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("http://127.0.0.1:{port}")
+}
+
+/// Joins an agent as `ctrlplane-agent-*` do: `JoinAgent` with the join
+/// token and no bearer token.
+fn join_agent(
+    addr: &str,
+    token: &str,
+    provider: &str,
+    endpoint: &str,
+    idempotency_key: &str,
+) -> Result<JoinAgentResponse, tonic::Status> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let channel = ctrlplane_runtime::client::channel(addr).unwrap();
+        let mut client = AgentRegistryServiceClient::new(channel);
+        let req = JoinAgentRequest {
+            token: token.to_string(),
+            provider_name: provider.to_string(),
+            endpoint: endpoint.to_string(),
+            version: "e2e-0.1".to_string(),
+            info: [("host".to_string(), "e2e".to_string())].into(),
+            capabilities: vec!["provision".to_string(), "logs".to_string()],
+            idempotency_key: idempotency_key.to_string(),
+        };
+        let mut req = tonic::Request::new(req);
+        req.set_timeout(Duration::from_secs(30));
+        client
+            .join_agent(req)
+            .await
+            .map(tonic::Response::into_inner)
+    })
+}
+
 #[test]
 fn token_create_get_list_update_set_status_delete() {
     let Some(bin) = server_binary() else {
@@ -239,6 +323,198 @@ fn token_create_get_list_update_set_status_delete() {
         1,
     );
     assert!(err.starts_with("error: UNAUTHENTICATED: "), "{err}");
+
+    // agents token: only the token on stdout (for $(…)), a hint on stderr.
+    let o = cli(&["agents", "token", "--provider", "process"]);
+    let hint = stderr(&o);
+    let process_token = ok(o);
+    assert_eq!(process_token.lines().count(), 1, "{process_token}");
+    let process_token = process_token.trim().to_string();
+    assert!(
+        process_token.starts_with("jtk_") && process_token.contains('.'),
+        "{process_token}"
+    );
+    assert!(
+        hint.contains(&format!(
+            "\n  CP_JOIN_TOKEN=<token> CP_DATACENTER_ADDR=http://{} ctrlplane-agent-process\n",
+            server.addr
+        )),
+        "{hint}"
+    );
+    assert!(hint.contains("single use"), "{hint}");
+    assert!(
+        !hint.contains(&process_token),
+        "the token is printed once: {hint}"
+    );
+    // -o json: the whole response, in proto JSON.
+    let text = ok(cli(&[
+        "agent",
+        "token",
+        "--provider",
+        "docker",
+        "--ttl",
+        "10m",
+        "--max-uses",
+        "2",
+        "-o",
+        "json",
+    ]));
+    let minted: CreateJoinTokenResponse =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}:\n{text}"));
+    let jt = minted.join_token.as_ref().unwrap();
+    assert!(jt.id.starts_with("jtk_"), "{text}");
+    assert_eq!(
+        (jt.provider_name.as_str(), jt.max_uses),
+        ("docker", 2),
+        "{text}"
+    );
+    let lifetime = jt.expire_time.unwrap().seconds - jt.create_time.unwrap().seconds;
+    assert!((595..=605).contains(&lifetime), "{text}");
+    assert!(minted.token.starts_with(&format!("{}.", jt.id)), "{text}");
+    let docker_token = minted.token.clone();
+    // Bad input: the server's field violations; no --provider: usage.
+    let err = fails(cli(&["agents", "token", "--provider", "Not A Label"]), 1);
+    assert!(err.starts_with("error: INVALID_ARGUMENT: "), "{err}");
+    assert!(err.contains("\n  - provider_name: "), "{err}");
+    fails(cli(&["agents", "token"]), 2);
+
+    // Agents join with the tokens (no bearer token).
+    let process_endpoint = closed_endpoint();
+    let docker_endpoint = closed_endpoint();
+    let joined = join_agent(
+        &server.addr,
+        &process_token,
+        "process",
+        &process_endpoint,
+        "e2e-process-1",
+    )
+    .unwrap();
+    let process_id = joined.agent_id.clone();
+    assert!(process_id.starts_with("agt_"), "{joined:?}");
+    assert!(!joined.credential.is_empty());
+    // A retry whose answer was lost gets the same identity …
+    let again = join_agent(
+        &server.addr,
+        &process_token,
+        "process",
+        &process_endpoint,
+        "e2e-process-1",
+    )
+    .unwrap();
+    assert_eq!(again.agent_id, process_id);
+    // … but a single-use token admits no second agent.
+    let refused = join_agent(
+        &server.addr,
+        &process_token,
+        "process",
+        &closed_endpoint(),
+        "e2e-process-2",
+    )
+    .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    let docker_id = join_agent(
+        &server.addr,
+        &docker_token,
+        "docker",
+        &docker_endpoint,
+        "e2e-docker-1",
+    )
+    .unwrap()
+    .agent_id;
+
+    // agents list / get.
+    let out = ok(cli(&["agents", "list"]));
+    let header: Vec<&str> = out
+        .lines()
+        .next()
+        .unwrap()
+        .split("   ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "ID",
+            "PROVIDER",
+            "ENDPOINT",
+            "HEALTH",
+            "VERSION",
+            "LAST HEARTBEAT",
+            "CAPABILITIES"
+        ],
+        "{out}"
+    );
+    let cells = row(&out, &process_id);
+    assert_eq!(
+        (cells[1], cells[2], cells[3], cells[4], cells[6]),
+        (
+            "process",
+            process_endpoint.as_str(),
+            "healthy",
+            "e2e-0.1",
+            "provision,logs"
+        ),
+        "{out}"
+    );
+    assert!(cells[5].ends_with('Z'), "{out}");
+    assert_eq!(row(&out, &docker_id)[1], "docker", "{out}");
+    assert!(out.ends_with("Total: 2\n"), "{out}");
+    let text = ok(cli(&[
+        "agents",
+        "ls",
+        "--provider",
+        "process",
+        "-o",
+        "json",
+    ]));
+    let list: ListAgentsResponse = serde_json::from_str(&text).unwrap();
+    assert_eq!(list.agents.len(), 1, "{text}");
+    assert_eq!(list.agents[0].id, process_id);
+    assert_eq!(list.agents[0].health, AgentHealth::Healthy as i32, "{text}");
+    assert_eq!(
+        list.agents[0].info.get("host").map(String::as_str),
+        Some("e2e")
+    );
+    let out = ok(cli(&["agents", "list", "--page-size", "1"]));
+    assert!(out.contains("Showing 1. Next page: --page-token "), "{out}");
+    let out = ok(cli(&["agents", "list", "--page-size", "1", "--all"]));
+    assert!(out.ends_with("Total: 2\n"), "{out}");
+    let out = ok(cli(&["agents", "list", "--provider", "nomad"]));
+    assert!(
+        out.starts_with("No agents found for provider \"nomad\""),
+        "{out}"
+    );
+    let out = ok(cli(&["agents", "get", &process_id]));
+    assert_eq!(field(&out, "ID"), process_id);
+    assert_eq!(field(&out, "Provider"), "process");
+    assert_eq!(field(&out, "Endpoint"), process_endpoint);
+    assert_eq!(field(&out, "Health"), "healthy");
+    assert_eq!(field(&out, "Info"), "host=e2e");
+    assert_eq!(field(&out, "Last checked"), "-");
+    let a = agent(&ok(cli(&["agent", "get", &docker_id, "-o", "json"])));
+    assert_eq!(
+        (a.id.as_str(), a.provider_name.as_str(), a.endpoint.as_str()),
+        (docker_id.as_str(), "docker", docker_endpoint.as_str())
+    );
+    let err = fails(cli(&["agents", "get", "agt_00000000000000000000000000"]), 1);
+    assert!(err.starts_with("error: NOT_FOUND: "), "{err}");
+    let err = fails(cli(&["agents", "get", "dc_00000000000000000000000000"]), 1);
+    assert!(err.starts_with("error: INVALID_ARGUMENT: "), "{err}");
+    assert!(err.contains("\n  - id: "), "{err}");
+
+    // No agent has joined for nomad: its datacenters are refused, with a
+    // hint on how to join one.
+    let err = fails(
+        cli(&["dc", "create", "--name", "Nowhere", "--provider", "nomad"]),
+        1,
+    );
+    assert!(err.starts_with("error: FAILED_PRECONDITION: "), "{err}");
+    assert!(err.contains("provider \"nomad\""), "{err}");
+    assert!(
+        err.contains("hint: mint a join token with `ctrlplane agents token --provider nomad`"),
+        "{err}"
+    );
 
     // create, with labels and a bootstrap file; table view.
     let bootstrap = home.join("bootstrap.json");
@@ -428,6 +704,81 @@ fn token_create_get_list_update_set_status_delete() {
     );
     let dc = datacenter(&ok(cli(&["dc", "get", &id, "-o", "json"])));
     assert_eq!(dc.status, DatacenterStatus::Deleting as i32);
+
+    // agents check: nothing serves at the agents' endpoints, so every probe
+    // fails; the command reports it and succeeds.
+    let out = ok(cli(&["agents", "check"]));
+    let header: Vec<&str> = out
+        .lines()
+        .next()
+        .unwrap()
+        .split("   ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert_eq!(
+        header,
+        ["ID", "PROVIDER", "ENDPOINT", "HEALTH", "LATENCY", "ERROR"],
+        "{out}"
+    );
+    for agent_id in [&process_id, &docker_id] {
+        let cells = row(&out, agent_id);
+        assert_eq!(cells[3], "unhealthy", "{out}");
+        assert_ne!(cells[4], "-", "{out}");
+        assert!(cells.len() == 6 && cells[5] != "-", "{out}");
+    }
+    assert!(
+        out.ends_with("Checked 2 agents: 0 healthy, 2 not.\n"),
+        "{out}"
+    );
+    let text = ok(cli(&["agents", "check", "-o", "json"]));
+    let checked: CheckAgentsResponse = serde_json::from_str(&text).unwrap();
+    assert_eq!(checked.agents.len(), 2, "{text}");
+    for a in &checked.agents {
+        assert_eq!(a.health, AgentHealth::Unhealthy as i32, "{text}");
+        assert!(
+            a.last_checked_at.is_some() && a.last_latency.is_some(),
+            "{text}"
+        );
+        assert!(!a.last_error.is_empty(), "{text}");
+    }
+    let out = ok(cli(&["agents", "get", &process_id]));
+    assert_eq!(field(&out, "Health"), "unhealthy");
+    assert_ne!(field(&out, "Last error"), "-", "{out}");
+
+    // revoke: the agent is REVOKED, listed as such, and never probed again;
+    // with no agent left for process, its datacenters are refused.
+    let out = ok(cli(&["agents", "revoke", &process_id]));
+    assert!(
+        out.starts_with(&format!(
+            "Agent {process_id} (process at {process_endpoint}) is revoked: "
+        )),
+        "{out}"
+    );
+    let a = agent(&ok(cli(&["agents", "get", &process_id, "-o", "json"])));
+    assert_eq!(a.health, AgentHealth::Revoked as i32);
+    let out = ok(cli(&["agents", "list"]));
+    assert_eq!(row(&out, &process_id)[3], "revoked", "{out}");
+    let a = agent(&ok(cli(&["agents", "revoke", &process_id, "-o", "json"])));
+    assert_eq!(
+        a.health,
+        AgentHealth::Revoked as i32,
+        "revoking twice changes nothing"
+    );
+    let out = ok(cli(&["agents", "check"]));
+    assert!(!out.contains(&process_id), "{out}");
+    assert!(
+        out.ends_with("Checked 1 agent: 0 healthy, 1 not.\n"),
+        "{out}"
+    );
+    let err = fails(
+        cli(&["dc", "create", "--name", "Late", "--provider", "process"]),
+        1,
+    );
+    assert!(
+        err.starts_with("error: FAILED_PRECONDITION: ") && err.contains("\"process\""),
+        "{err}"
+    );
 
     // The config file supplies address and token when flags and env do not;
     // a flag beats it.

@@ -2,5 +2,6 @@
 //! functions turning them into requests, and a `run` that makes the calls
 //! and prints the results.
 
+pub mod agents;
 pub mod datacenter;
 pub mod token;
