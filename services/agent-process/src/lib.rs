@@ -1,0 +1,174 @@
+//! The process agent: runs each service of a workload as local OS
+//! processes (like Nomad's `raw_exec`) and serves them as
+//! `ctrlplane.provider.v1.ProviderService`, provider name `process`.
+//!
+//! What it does, in short: `command` + `args` are what runs (the image is
+//! only recorded); every instance gets a root directory under the state
+//! directory that is its processes' working directory; inits run to
+//! completion in `depends_on` order, then main and sidecars start in
+//! `depends_on` order; every replica is its own process group, restarted
+//! with capped exponential backoff when it ends; ports, volumes, config
+//! files, health checks, logs, Exec and resource usage work as described in
+//! the modules below. The state directory survives an agent restart: live
+//! process groups are re-adopted, ones that ended while the agent was down
+//! are restarted and counted, and nothing the agent started is lost track
+//! of.
+//!
+//! Limits of running without containers (documented here because callers
+//! may expect them to hold): a volume's `mount_path` cannot be honoured — the
+//! process finds its volume directory in `CP_VOLUME_<NAME>`; resource limits
+//! (`cpu_millis`, `memory_mb`, `disk_mb`) are recorded, not enforced; config
+//! file paths must be relative to the instance root; secrets are read from
+//! files under `CP_STATE_DIR/secrets/`.
+//!
+//! Layout: [`config`] (settings), [`provider`] (the [`Provider`]
+//! implementation), [`instance`] (one instance at run time), [`supervisor`]
+//! (restart loop and backoff), [`process`] (process groups and signals),
+//! [`health`] (probes), [`logs`] (capture and StreamLogs), [`ports`],
+//! [`workdir`] (instance root and environment), [`state`] and [`model`]
+//! (persisted records), [`procfs`] (what is read from `/proc`).
+//!
+//! [`Provider`]: ctrlplane_agent::Provider
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod health;
+pub mod instance;
+pub mod logs;
+pub mod model;
+pub mod ports;
+pub mod process;
+pub mod procfs;
+pub mod provider;
+pub mod state;
+pub mod supervisor;
+pub mod workdir;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctrlplane_agent::join::{self, HeartbeatError, JoinError, JoinOptions};
+use ctrlplane_runtime::auth::Authenticator;
+use ctrlplane_runtime::server::ServeError;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{AgentConfig, Config, JoinConfig};
+pub use provider::{Agent, CAPABILITIES, OpenError, PROVIDER_NAME};
+
+/// How long shutdown waits for the agent's own tasks.
+pub const TASKS_GRACE: Duration = Duration::from_secs(5);
+
+/// Why the agent stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The state directory is unusable.
+    #[error("{0}")]
+    Open(#[from] OpenError),
+    /// The server failed.
+    #[error("{0}")]
+    Serve(#[from] ServeError),
+    /// Joining the control plane failed for good.
+    #[error("{0}")]
+    Join(#[from] JoinError),
+    /// The control plane stopped accepting the agent.
+    #[error("{0}")]
+    Heartbeat(#[from] HeartbeatError),
+}
+
+/// Runs the agent on `listener` until `shutdown` resolves: opens the state
+/// directory (re-adopting workloads), serves `ProviderService`, and — when
+/// `config.join` is set — joins the control plane and heartbeats. On
+/// shutdown the workloads keep running for the next agent to re-adopt.
+///
+/// # Errors
+/// See [`RunError`]; a join refusal or a revoked agent stops the server and
+/// is returned.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    let agent = Agent::open(config.agent.clone())?;
+    let result = serve(agent.clone(), &config, listener, shutdown).await;
+    agent.shutdown(TASKS_GRACE).await;
+    result
+}
+
+/// Serves an opened agent (see [`run`]); the agent is not shut down.
+///
+/// # Errors
+/// See [`RunError`].
+pub async fn serve(
+    agent: Arc<Agent>,
+    config: &Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    let stop = CancellationToken::new();
+    let endpoint = match config.join.as_ref().and_then(|j| j.advertise_addr.clone()) {
+        Some(e) => e,
+        None => config::advertised_endpoint(listener.local_addr().map_err(|source| {
+            ServeError::Bind {
+                addr: config.server.listen_addr.to_string(),
+                source,
+            }
+        })?),
+    };
+    let auth = Arc::new(Authenticator::new(&config.auth.secret));
+    let server_stop = stop.clone();
+    let server = ctrlplane_agent::server::serve_provider(
+        agent.clone(),
+        listener,
+        auth,
+        config.server.shutdown_grace,
+        async move {
+            tokio::select! {
+                () = shutdown => {}
+                () = server_stop.cancelled() => {}
+            }
+            server_stop.cancel();
+        },
+    );
+    let membership = async {
+        let Some(join) = &config.join else {
+            stop.cancelled().await;
+            return Ok(());
+        };
+        let mut opts = JoinOptions::new(
+            join.datacenter_addr.clone(),
+            agent.state_dir(),
+            PROVIDER_NAME,
+            endpoint,
+        );
+        opts.join_token = join.join_token.clone();
+        opts.capabilities = CAPABILITIES
+            .iter()
+            .map(|c| c.as_str().to_string())
+            .collect();
+        opts.info.insert(
+            "state_dir".to_string(),
+            agent.state_dir().display().to_string(),
+        );
+        let identity = tokio::select! {
+            r = join::ensure_identity(&opts) => r?,
+            () = stop.cancelled() => return Ok(()),
+        };
+        tracing::info!(agent_id = %identity.agent_id, "member of the control plane; heartbeating");
+        join::heartbeat_loop(identity, opts, stop.clone().cancelled_owned()).await?;
+        Ok::<(), RunError>(())
+    };
+    let membership = async {
+        let r = membership.await;
+        if r.is_err() {
+            stop.cancel();
+        }
+        r
+    };
+    let (served, joined) = tokio::join!(server, membership);
+    joined?;
+    served?;
+    Ok(())
+}
