@@ -25,7 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => protoc_bin_vendored::protoc_bin_path()?,
     };
     let mut config = prost_build::Config::new();
-    config.protoc_executable(protoc);
+    config.protoc_executable(&protoc);
 
     let descriptor_path = out.join("ctrlplane_descriptor.bin");
     tonic_prost_build::configure()
@@ -39,6 +39,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &protos,
             &[root, protoc_bin_vendored::include_path()?],
         )?;
+
+    // google.rpc error details (BadRequest, …): only a descriptor set, so
+    // reflection can describe the details our errors carry and grpcurl can
+    // print them. The types themselves come from tonic-types.
+    let vendor = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("vendor");
+    let error_details = vendor.join("google/rpc/error_details.proto");
+    println!("cargo:rerun-if-changed={}", error_details.display());
+    let status = std::process::Command::new(&protoc)
+        .arg("--include_imports")
+        .arg(format!(
+            "--descriptor_set_out={}",
+            out.join("google_rpc_descriptor.bin").display()
+        ))
+        .arg(format!("-I{}", vendor.display()))
+        .arg(format!(
+            "-I{}",
+            protoc_bin_vendored::include_path()?.display()
+        ))
+        .arg(&error_details)
+        .status()?;
+    if !status.success() {
+        return Err(format!("protoc failed on {}", error_details.display()).into());
+    }
 
     let descriptors = std::fs::read(&descriptor_path)?;
     pbjson_build::Builder::new()

@@ -10,6 +10,11 @@ pub use pbjson_types;
 /// Serialized `FileDescriptorSet` of every ctrlplane proto file.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ctrlplane_descriptor");
 
+/// Serialized `FileDescriptorSet` of `google/rpc/error_details.proto` (the
+/// error details our statuses carry), for reflection.
+pub const GOOGLE_RPC_DESCRIPTOR_SET: &[u8] =
+    tonic::include_file_descriptor_set!("google_rpc_descriptor");
+
 pub mod provider {
     pub mod v1 {
         tonic::include_proto!("ctrlplane.provider.v1");

@@ -111,6 +111,9 @@ fn var_name(flag: &str) -> String {
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
     values: BTreeMap<String, String>,
+    /// Names that came from command-line flags (only these are checked by
+    /// [`Settings::check_known`]).
+    from_flags: std::collections::BTreeSet<String>,
     /// `--help` was given.
     pub help: bool,
 }
@@ -138,6 +141,7 @@ impl Settings {
                 .into_iter()
                 .filter(|(k, _)| k.starts_with("CP_"))
                 .collect(),
+            from_flags: Default::default(),
             help: false,
         };
         let mut args = args.into_iter();
@@ -161,6 +165,7 @@ impl Settings {
             if name.is_empty() {
                 return Err(ConfigError::UnknownArgument(arg));
             }
+            s.from_flags.insert(var_name(&name));
             s.values.insert(var_name(&name), value);
         }
         Ok(s)
@@ -175,6 +180,7 @@ impl Settings {
                 .into_iter()
                 .map(|(k, v)| (k.into(), v.into()))
                 .collect(),
+            from_flags: Default::default(),
             help: false,
         }
     }
@@ -238,7 +244,7 @@ impl Settings {
     /// # Errors
     /// [`ConfigError::UnknownArgument`].
     pub fn check_known(&self, known: &[&str]) -> Result<(), ConfigError> {
-        for name in self.values.keys() {
+        for name in &self.from_flags {
             let is_known = known.contains(&name.as_str()) || ALL.iter().any(|(n, _)| n == name);
             if !is_known {
                 return Err(ConfigError::UnknownArgument(format!(
@@ -542,6 +548,17 @@ mod tests {
         let s = Settings::from_sources(Vec::new(), ["--lisen-addr=x".to_string()]).unwrap();
         let err = s.check_known(&[]).unwrap_err().to_string();
         assert!(err.contains("--lisen-addr"), "{err}");
+        // Unrelated CP_* variables in the environment are tolerated: one
+        // environment often serves several processes (and the CLI).
+        let s = Settings::from_sources(
+            [
+                ("CP_TOKEN".to_string(), "x".to_string()),
+                ("CP_TEST_POSTGRES_URL".to_string(), "y".to_string()),
+            ],
+            Vec::new(),
+        )
+        .unwrap();
+        s.check_known(&[]).unwrap();
     }
 
     #[test]

@@ -89,6 +89,7 @@ pub async fn serve(
     let reflection = || {
         let mut b = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(ctrlplane_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(ctrlplane_proto::GOOGLE_RPC_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(

@@ -15,8 +15,10 @@ pub fn init(cfg: &LogConfig) {
         );
         EnvFilter::new("info")
     });
+    // Colours only on a terminal: logs written to files stay plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match cfg.format {
         LogFormat::Human => builder.try_init(),
