@@ -234,6 +234,9 @@ impl Instance {
             started_at_ms: now_ms(),
             ..RunRecord::default()
         };
+        for r in st.rec.replicas.values_mut() {
+            r.last_exit = None;
+        }
         st.launched.clear();
         self.persist(&st);
         let task = self.shared.tracker.spawn(self.clone().runner(rx));
@@ -728,6 +731,16 @@ impl Instance {
                         st.rec.replica_mut(&key).proc = None;
                         restarting += 1;
                         Start::Ended(Exit::WhileDown)
+                    }
+                    // Ended before the agent stopped and was waiting to be
+                    // restarted.
+                    None if rec
+                        .replicas
+                        .get(&key.to_string())
+                        .is_some_and(|x| x.last_exit.is_some()) =>
+                    {
+                        restarting += 1;
+                        Start::Restart
                     }
                     None => Start::Fresh,
                 };

@@ -99,6 +99,9 @@ pub enum Start<P> {
     /// The previous process ended while nobody watched: count it as an
     /// exit and restart after the backoff.
     Ended(Exit),
+    /// The previous process ended and its exit was already reported: only
+    /// the restart (after the backoff) is due.
+    Restart,
 }
 
 /// How supervision ended.
@@ -151,12 +154,14 @@ pub async fn supervise<L: Launch, O: Observer<L::Proc>>(
     observer: &O,
 ) -> Outcome {
     let mut consecutive = 0u32;
+    // A process that replaces an earlier one counts as a restart.
+    let mut launched_before = matches!(start, Start::Ended(_) | Start::Restart);
     let mut next = match start {
         Start::Fresh => Next::Launch,
         Start::Adopt(p) => Next::Run(p, false),
         Start::Ended(exit) => Next::Ended(exit, Duration::ZERO),
+        Start::Restart => Next::Failed,
     };
-    let mut launched_before = false;
     loop {
         next = match next {
             Next::Launch => {
@@ -400,7 +405,12 @@ mod tests {
             backoffs[..4],
             ["backoff 100", "backoff 200", "backoff 400", "backoff 100"]
         );
-        assert_eq!(log.0.lock().unwrap()[0], "exited -1");
+        let log = log.0.lock().unwrap();
+        assert_eq!(log[0], "exited -1");
+        assert_eq!(
+            log[2], "started restart=true",
+            "replacing a dead process is a restart"
+        );
     }
 
     #[tokio::test(start_paused = true)]
