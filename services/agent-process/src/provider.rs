@@ -351,24 +351,19 @@ impl Provider for Agent {
     ) -> Result<pb::InstanceStatus> {
         let (inst, _g) = self.locked(instance_id).await?;
         let rec = inst.record();
-        match service {
-            Some(name) => {
-                let spec = rec.service(name).ok_or_else(|| {
-                    ProviderError::NotFound(format!(
-                        "instance {instance_id} has no service {name:?}"
-                    ))
-                })?;
-                if role(spec) == Role::Init {
-                    return Err(ProviderError::FailedPrecondition(format!(
-                        "{name:?} is an init service: it runs when the workload starts; restart the whole workload"
-                    )));
-                }
-                if rec.desired == Desired::Running && inst.active() {
-                    inst.roll(&[name.to_string()], false).await?;
-                    return Ok(inst.status());
-                }
+        if let Some(name) = service {
+            let spec = rec.service(name).ok_or_else(|| {
+                ProviderError::NotFound(format!("instance {instance_id} has no service {name:?}"))
+            })?;
+            if role(spec) == Role::Init {
+                return Err(ProviderError::FailedPrecondition(format!(
+                    "{name:?} is an init service: it runs when the workload starts; restart the whole workload"
+                )));
             }
-            None => {}
+            if rec.desired == Desired::Running && inst.active() {
+                inst.roll(&[name.to_string()], false).await?;
+                return Ok(inst.status());
+            }
         }
         inst.stop_all(self.shared.cfg.stop_grace).await;
         inst.update(|r| r.desired = Desired::Running);

@@ -138,8 +138,9 @@ pub struct Found {
 /// Every live process whose `CP_INSTANCE_ROOT` is under `state_dir`.
 pub fn processes_under(state_dir: &Path) -> Vec<Found> {
     let prefix = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
-    procfs::all_processes()
-        .into_iter()
+    let mut all = procfs::all_processes();
+    all.sort_by_key(|s| s.pid);
+    all.into_iter()
         .filter(|s| s.running())
         .filter_map(|s| {
             let root = procfs::environ_var(s.pid, "CP_INSTANCE_ROOT")?;
