@@ -689,3 +689,116 @@ async fn backend_specific_requests_are_invalid_argument() {
     );
     k.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploy_rollback_restart_one_service_and_exec_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweeper(dir.path().to_path_buf());
+    let a = TestAgent::start(agent_config(dir.path())).await;
+    let k = Kit::new(&a.harness(Box::new(())));
+    let id = "bws_releases";
+    let mut main = testapp().service("main", pb::ServiceRole::Main, &["env"]);
+    main.env = HashMap::from([("VERSION".to_string(), "1".to_string())]);
+    k.provision(k.request(id, vec![main])).await;
+    let first = k.wait_running_ready(id).await;
+    assert_eq!(
+        first.metadata.get("release").map(String::as_str),
+        Some("initial")
+    );
+    let count =
+        |ls: &[pb::StreamLogsResponse], line: &str| ls.iter().filter(|l| text(l) == line).count();
+
+    let deploy = |release: &str, version: &str| pb::DeployRequest {
+        instance_id: id.to_string(),
+        release_id: release.to_string(),
+        services: vec![pb::DeployService {
+            name: "main".to_string(),
+            env: HashMap::from([("VERSION".to_string(), version.to_string())]),
+            ..Default::default()
+        }],
+        strategy: pb::DeployStrategy::Rolling as i32,
+    };
+    let r = call(k.c().deploy(deploy("r2", "2"))).await.unwrap();
+    assert_eq!(r.release_id, "r2");
+    k.wait_logs(id, "main", "the new release's env", |ls| {
+        count(ls, "VERSION=2") == 1
+    })
+    .await;
+    let pid_r2 = processes_of(dir.path(), id);
+    assert_eq!(pid_r2.len(), 1);
+
+    let r = call(k.c().rollback(pb::RollbackRequest {
+        instance_id: id.to_string(),
+        release_id: String::new(),
+    }))
+    .await
+    .unwrap();
+    assert_eq!(r.release_id, "initial");
+    k.wait_logs(id, "main", "the old env again", |ls| {
+        count(ls, "VERSION=1") == 2
+    })
+    .await;
+    let err = call(k.c().deploy(deploy("r2", "2"))).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", kit::show(&err));
+
+    // Restarting one service replaces its process; the run goes on.
+    let before = k.wait_running_ready(id).await;
+    let old = processes_of(dir.path(), id);
+    call(k.c().restart(pb::RestartRequest {
+        instance_id: id.to_string(),
+        service_name: "main".to_string(),
+    }))
+    .await
+    .unwrap();
+    let after = k.wait_running_ready(id).await;
+    let new = processes_of(dir.path(), id);
+    assert_eq!(new.len(), 1);
+    assert_ne!(new, old);
+    assert_eq!(
+        nanos(after.started_at.as_ref()),
+        nanos(before.started_at.as_ref())
+    );
+
+    // Exec is bounded by its timeout and leaves nothing behind.
+    let err = call(k.c().exec(pb::ExecRequest {
+        instance_id: id.to_string(),
+        service_name: "main".to_string(),
+        command: vec![testapp().program, "sleep".to_string()],
+        timeout: Some(kit::pb_duration(Duration::from_millis(300))),
+        ..Default::default()
+    }))
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{}", kit::show(&err));
+    wait_until("the exec'd process to be gone", WAIT, || {
+        processes_of(dir.path(), id).len() == 1
+    })
+    .await;
+    k.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_health_checks_drive_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let _sweep = Sweeper(dir.path().to_path_buf());
+    let a = TestAgent::start(agent_config(dir.path())).await;
+    let k = Kit::new(&a.harness(Box::new(())));
+    let id = "bws_cmdcheck";
+    let mut main = testapp().service("main", pb::ServiceRole::Main, &["sleep"]);
+    main.health_check = Some(pb::HealthCheckSpec {
+        r#type: pb::HealthCheckType::Command as i32,
+        command: vec!["test".to_string(), "-f".to_string(), "ready".to_string()],
+        interval: Some(kit::pb_duration(Duration::from_millis(200))),
+        retries: 1,
+        ..Default::default()
+    });
+    k.provision(k.request(id, vec![main])).await;
+    let s = k.wait_running(id).await;
+    assert!(!s.ready, "no ready file yet: {}", kit::brief(&s));
+    exec(&k, id, "main", 0, &["touch", "ready"]).await;
+    k.wait_running_ready(id).await;
+    exec(&k, id, "main", 0, &["rm", "ready"]).await;
+    k.wait_status(id, "unready once the check fails", |s| !s.ready)
+        .await;
+    k.cleanup().await;
+}
