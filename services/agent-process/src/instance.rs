@@ -994,10 +994,14 @@ impl Instance {
             sample_time: Some(timestamp(now_ms())),
             ..Default::default()
         };
+        let all: Vec<procfs::Stat> = procfs::all_processes()
+            .into_iter()
+            .filter(procfs::Stat::running)
+            .collect();
         for (key, p) in groups {
-            let members: Vec<procfs::Stat> = procfs::group_members(p.pid)
-                .into_iter()
-                .filter(|m| m.start_ticks >= p.start_ticks)
+            let members: Vec<&procfs::Stat> = all
+                .iter()
+                .filter(|m| m.pgrp == p.pid && m.start_ticks >= p.start_ticks)
                 .collect();
             if members.is_empty() {
                 continue;

@@ -21,6 +21,28 @@
 //! file paths must be relative to the instance root; secrets are read from
 //! files under `CP_STATE_DIR/secrets/`.
 //!
+//! Deliberate choices where the contract leaves room (see also the module
+//! docs):
+//! - a service that `depends_on` a main or sidecar starts once every replica
+//!   of it is running *and ready* — health check passed, or, without one,
+//!   alive for `dependency_settle` (500 ms) — rather than merely spawned, so
+//!   start order is observable even on a loaded machine;
+//! - inits run once per run (their `replicas` is ignored) and again on
+//!   Start and on Restart of the whole instance, like a pod's init
+//!   containers; an init cut short by an agent restart is run again (its
+//!   exit code cannot be learnt afterwards);
+//! - `restarts` counts automatic restarts (including a process found dead
+//!   after an agent restart), not operator Restarts; a Restart of the whole
+//!   instance advances `started_at`, one of a single service replaces its
+//!   replicas one by one;
+//! - Deploy of a release id already deployed earlier (not the current one)
+//!   is FAILED_PRECONDITION (use Rollback); a Deploy naming an unknown
+//!   service is NOT_FOUND; Rollback keeps the current replica counts;
+//! - processes also get `CP_INSTANCE_ROOT` (the instance root);
+//! - to keep workloads running across agent restarts, the agent must not be
+//!   run under a supervisor that kills its whole control group on stop
+//!   (systemd: `KillMode=process`).
+//!
 //! Layout: [`config`] (settings), [`provider`] (the [`Provider`]
 //! implementation), [`instance`] (one instance at run time), [`supervisor`]
 //! (restart loop and backoff), [`process`] (process groups and signals),
