@@ -51,6 +51,8 @@ pub struct Desired {
 pub struct Note {
     /// The contested name.
     pub name: String,
+    /// The source whose spec was dropped.
+    pub source: String,
     /// What was decided.
     pub message: String,
 }
@@ -112,6 +114,7 @@ pub fn build(
             };
             out.notes.push(Note {
                 name: spec.name.clone(),
+                source: source.to_string(),
                 message: format!("{source}'s {:?} ignored: {why}", spec.name),
             });
             continue;

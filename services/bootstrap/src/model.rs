@@ -112,6 +112,9 @@ pub struct Workload {
     pub datacenter_id: String,
     /// Tenant of the datacenter.
     pub tenant_id: String,
+    /// Provider of the datacenter (to find an agent after the datacenter
+    /// itself is gone).
+    pub provider_name: String,
     /// Bootstrap service name.
     pub name: String,
     /// `declared` or the contributing hook's name.
@@ -145,8 +148,86 @@ pub struct Workload {
     pub lease_expire_time: Option<DateTime<Utc>>,
     /// The row this one replaces (retired once this one runs).
     pub replaces: Option<String>,
+    /// Endpoints the agent reported (read-only here: written with the
+    /// provision result).
+    pub endpoints: Vec<ctrlplane_proto::provider::v1::Endpoint>,
+    /// Latest resource sample (read-only here: written by telemetry).
+    pub usage: Option<ctrlplane_proto::provider::v1::ResourceUsage>,
     /// Creation.
     pub create_time: DateTime<Utc>,
     /// Last change.
     pub update_time: DateTime<Utc>,
+}
+
+/// A persisted bootstrap event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// Strictly increasing sequence number.
+    pub sequence: i64,
+    /// TypeID `evt_…`.
+    pub id: String,
+    /// Datacenter.
+    pub datacenter_id: String,
+    /// Workload row (empty for datacenter-level events such as hook
+    /// failures).
+    pub workload_id: String,
+    /// Bootstrap service name (empty for datacenter-level events).
+    pub name: String,
+    /// What happened: `provisioned`, `failed`, `retired`, `hook_failed`, …
+    pub kind: String,
+    /// State before.
+    pub from_state: Option<State>,
+    /// State after.
+    pub to_state: Option<State>,
+    /// Detail.
+    pub message: String,
+    /// When.
+    pub create_time: DateTime<Utc>,
+}
+
+/// An event to record with a write.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// Kind.
+    pub kind: String,
+    /// State before.
+    pub from_state: Option<State>,
+    /// State after.
+    pub to_state: Option<State>,
+    /// Detail.
+    pub message: String,
+}
+
+impl NewEvent {
+    /// A transition event.
+    pub fn transition(
+        kind: &str,
+        from: Option<State>,
+        to: Option<State>,
+        message: impl Into<String>,
+    ) -> Self {
+        NewEvent {
+            kind: kind.to_string(),
+            from_state: from,
+            to_state: to,
+            message: message.into(),
+        }
+    }
+}
+
+/// A registered remote hook.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteHook {
+    /// Name (DNS label).
+    pub name: String,
+    /// gRPC endpoint of its `BootstrapHookService`.
+    pub endpoint: String,
+    /// Per-call timeout.
+    pub timeout: std::time::Duration,
+    /// Last call's error.
+    pub last_error: String,
+    /// Last successful call.
+    pub last_success_time: Option<DateTime<Utc>>,
+    /// Registration time.
+    pub create_time: DateTime<Utc>,
 }

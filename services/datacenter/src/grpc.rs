@@ -214,12 +214,16 @@ impl Rpc for DatacenterGrpc {
         req: Request<pb::ResolveProviderRequest>,
     ) -> Result<Response<pb::ResolveProviderResponse>, Status> {
         let caller = caller(&req)?;
-        let (dc, agent) = self
-            .service
-            .resolve_provider(&caller, &req.get_ref().datacenter_id)
-            .await?;
+        let r = req.get_ref();
+        let (provider_name, agent) = if r.datacenter_id.is_empty() && !r.provider_name.is_empty() {
+            let agent = self.service.resolve_provider_name(&caller, &r.provider_name).await?;
+            (r.provider_name.clone(), agent)
+        } else {
+            let (dc, agent) = self.service.resolve_provider(&caller, &r.datacenter_id).await?;
+            (dc.provider_name, agent)
+        };
         Ok(Response::new(pb::ResolveProviderResponse {
-            provider_name: dc.provider_name,
+            provider_name,
             agent_id: agent.agent_id,
             agent_endpoint: agent.endpoint,
         }))

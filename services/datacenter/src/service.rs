@@ -530,6 +530,24 @@ impl DatacenterService {
         ))
     }
 
+    /// Finds a healthy agent for a provider by name (platform callers).
+    ///
+    /// # Errors
+    /// `PermissionDenied` for tenants; `Unavailable` saying why no agent
+    /// qualifies.
+    pub async fn resolve_provider_name(&self, caller: &Caller, provider_name: &str) -> Result<ResolvedAgent> {
+        if !caller.is_system() {
+            return Err(Error::PermissionDenied(
+                "resolving a provider by name needs a system:admin or system:service token".into(),
+            ));
+        }
+        let agent = self.registry.resolve(provider_name).await?;
+        Ok(ResolvedAgent {
+            agent_id: agent.id,
+            endpoint: agent.endpoint,
+        })
+    }
+
     /// A page of change-log events, oldest first.
     ///
     /// # Errors

@@ -42,6 +42,10 @@ pub const STATE_DIR: &str = "CP_STATE_DIR";
 pub const SHUTDOWN_GRACE: &str = "CP_SHUTDOWN_GRACE";
 /// Maximum database connections of a service's pool.
 pub const DB_MAX_CONNECTIONS: &str = "CP_DB_MAX_CONNECTIONS";
+/// Bootstrap: JSON file with rule hooks (and remote hooks to register).
+pub const BOOTSTRAP_HOOKS_FILE: &str = "CP_BOOTSTRAP_HOOKS_FILE";
+/// Bootstrap: age after which unowned backend workloads are removed.
+pub const GC_GRACE: &str = "CP_GC_GRACE";
 
 /// Every name above with a one-line description, for `--help` output.
 pub const ALL: &[(&str, &str)] = &[
@@ -63,6 +67,8 @@ pub const ALL: &[(&str, &str)] = &[
     (STATE_DIR, "agent state directory"),
     (SHUTDOWN_GRACE, "drain time after SIGTERM, e.g. 10s"),
     (DB_MAX_CONNECTIONS, "database pool size"),
+    (BOOTSTRAP_HOOKS_FILE, "bootstrap rule/remote hooks file (JSON)"),
+    (GC_GRACE, "grace period before unowned workloads are removed, e.g. 15m"),
 ];
 
 /// A configuration error; names the variable.

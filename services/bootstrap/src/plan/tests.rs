@@ -50,6 +50,7 @@ fn running(id: &str, s: &BootstrapServiceSpec) -> Workload {
         id: id.into(),
         datacenter_id: "dc_1".into(),
         tenant_id: String::new(),
+        provider_name: "process".into(),
         name: s.name.clone(),
         source: "declared".into(),
         spec: d.spec.clone(),
@@ -65,6 +66,8 @@ fn running(id: &str, s: &BootstrapServiceSpec) -> Workload {
         next_attempt_time: None,
         lease_expire_time: None,
         replaces: None,
+        endpoints: Vec::new(),
+        usage: None,
         create_time: t0() - chrono::Duration::minutes(10),
         update_time: t0() - chrono::Duration::minutes(10),
     }

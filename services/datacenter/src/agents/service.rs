@@ -210,6 +210,14 @@ impl AgentRegistry {
         }
     }
 
+    fn require_platform(caller: &Caller) -> Result<()> {
+        if caller.is_system() {
+            Ok(())
+        } else {
+            Err(denied("this call needs a system:admin or system:service token"))
+        }
+    }
+
     fn credential(&self, agent_id: &str) -> (String, u64) {
         let mut claims = Claims::new(
             agent_id,
@@ -464,7 +472,7 @@ impl AgentRegistry {
         Ok((agent, fresh))
     }
 
-    /// A page of agents (admins).
+    /// A page of agents (platform callers).
     ///
     /// # Errors
     /// `PermissionDenied`, `InvalidArgument`.
@@ -475,7 +483,7 @@ impl AgentRegistry {
         page_size: i32,
         page_token: &str,
     ) -> Result<(Vec<Agent>, Option<String>)> {
-        Self::require_admin(caller)?;
+        Self::require_platform(caller)?;
         let mut v = Violations::new();
         let size = page::page_size(page_size, AGENTS_PAGE.0, AGENTS_PAGE.1)
             .map_err(|e| v.add("page_size", e))
@@ -514,12 +522,12 @@ impl AgentRegistry {
         Ok((agents, next))
     }
 
-    /// One agent (admins).
+    /// One agent (platform callers).
     ///
     /// # Errors
     /// `PermissionDenied`, `InvalidArgument`, `NotFound`.
     pub async fn get(&self, caller: &Caller, agent_id: &str) -> Result<Agent> {
-        Self::require_admin(caller)?;
+        Self::require_platform(caller)?;
         let mut v = Violations::new();
         id::check_id(&mut v, "id", id::AGENT, agent_id);
         v.into_result()?;
@@ -535,6 +543,7 @@ impl AgentRegistry {
     /// # Errors
     /// As [`AgentRegistry::get`].
     pub async fn revoke(&self, caller: &Caller, agent_id: &str) -> Result<Agent> {
+        Self::require_admin(caller)?;
         let mut agent = self.get(caller, agent_id).await?;
         if !agent.revoked {
             agent.revoked = true;
