@@ -357,20 +357,11 @@ impl Drop for Env {
     }
 }
 
+#[derive(Default)]
 pub struct Options {
     pub rules: Vec<RuleHook>,
     pub reconcile: ReconcileConfig,
     pub service: ServiceConfig,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            rules: Vec::new(),
-            reconcile: ReconcileConfig::default(),
-            service: ServiceConfig::default(),
-        }
-    }
 }
 
 pub async fn env() -> Env {
