@@ -229,3 +229,122 @@ async fn joins_with_a_token_then_restarts_with_its_identity() {
     }
     assert!(status.success(), "{err}");
 }
+
+/// The registry's health probes and provider resolution against the real
+/// agent: `CheckAgents` reaches it (healthy, with a latency) and stamps
+/// `last_checked_at` on the datacenters of its provider; once the agent is
+/// gone the next probe marks it unhealthy and resolution refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_probes_and_resolution_reach_the_real_agent() {
+    use ctrlplane_proto::datacenter::v1 as dpb;
+    use ctrlplane_proto::datacenter::v1::datacenter_service_client::DatacenterServiceClient;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (dc, _stop) = datacenter(dir.path()).await;
+    let token = registry(&dc)
+        .create_join_token(apb::CreateJoinTokenRequest {
+            provider_name: "process".to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
+    let mut child = agent(
+        &dir.path().join("agent"),
+        &[("CP_DATACENTER_ADDR", &dc), ("CP_JOIN_TOKEN", &token)],
+    )
+    .spawn()
+    .unwrap();
+    let me = wait_for("the agent to register", async || {
+        agents(&dc).await.into_iter().next()
+    })
+    .await;
+
+    let admin = Authenticator::new(SECRET.as_bytes()).mint(&Claims::new(
+        "test-admin",
+        "",
+        vec![ROLE_ADMIN.to_string()],
+        Duration::from_secs(600),
+    ));
+    let mut dcs = DatacenterServiceClient::new(
+        authed_channel(&dc, BearerInterceptor::fixed(&admin).unwrap()).unwrap(),
+    );
+    let created = dcs
+        .create_datacenter(dpb::CreateDatacenterRequest {
+            datacenter: Some(dpb::Datacenter {
+                name: "local".into(),
+                provider_name: "process".into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .datacenter
+        .unwrap();
+    assert!(created.last_checked_at.is_none());
+
+    // The agent answers the probe once its server is up.
+    let checked = wait_for("a healthy probe", async || {
+        let r = registry(&dc)
+            .check_agents(apb::CheckAgentsRequest {})
+            .await
+            .ok()?
+            .into_inner();
+        let a = r.agents.into_iter().find(|a| a.id == me.id)?;
+        (a.health == apb::AgentHealth::Healthy as i32).then_some(a)
+    })
+    .await;
+    assert!(checked.last_latency.is_some() && checked.last_checked_at.is_some());
+    assert!(checked.last_error.is_empty(), "{}", checked.last_error);
+    let after = dcs
+        .get_datacenter(dpb::GetDatacenterRequest {
+            id: created.id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .datacenter
+        .unwrap();
+    assert!(
+        after.last_checked_at.is_some(),
+        "probe stamped the datacenter"
+    );
+    let resolved = dcs
+        .resolve_provider(dpb::ResolveProviderRequest {
+            datacenter_id: created.id.clone(),
+            provider_name: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (resolved.agent_id.as_str(), resolved.agent_endpoint.as_str()),
+        (me.id.as_str(), me.endpoint.as_str())
+    );
+
+    // The agent goes away: the next probe fails and resolution says why.
+    assert!(terminate(&mut child).await.success());
+    let r = registry(&dc)
+        .check_agents(apb::CheckAgentsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let a = r.agents.into_iter().find(|a| a.id == me.id).unwrap();
+    assert_eq!(a.health, apb::AgentHealth::Unhealthy as i32);
+    assert!(!a.last_error.is_empty());
+    let err = dcs
+        .resolve_provider(dpb::ResolveProviderRequest {
+            datacenter_id: created.id.clone(),
+            provider_name: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert!(
+        err.message().contains("last health probe failed"),
+        "{}",
+        err.message()
+    );
+}
