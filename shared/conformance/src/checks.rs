@@ -275,9 +275,9 @@ pub async fn status_reaches_running_ready(h: Harness) {
 // 4 ---------------------------------------------------------------------------
 
 /// Inits run to completion in `depends_on` order before main and sidecars
-/// start (seen in the log timestamps), report exit code 0; a failing init
-/// makes the workload FAILED with a message naming it, and main never
-/// starts.
+/// start, and the sidecar starts after main, which it depends on (seen in
+/// the log timestamps); inits report exit code 0; a failing init makes the
+/// workload FAILED with a message naming it, and main never starts.
 pub async fn init_services_run_first_in_order(h: Harness) {
     run_check(h, "init_services_run_first_in_order", async |kit| {
         let t = &kit.testapp;
@@ -358,6 +358,10 @@ pub async fn init_services_run_first_in_order(h: Harness) {
             assert!(a < b, "init-b ran before init-a finished: {all:#?}");
             assert!(b < m, "main started before init-b finished: {all:#?}");
             assert!(b < sc, "sidecar started before init-b finished: {all:#?}");
+            assert!(
+                m < sc,
+                "the sidecar started before main, which it depends on: {all:#?}"
+            );
         }
 
         // A failing init.
@@ -547,7 +551,7 @@ pub async fn stop_start_restart(h: Harness) {
             })
             .await;
         assert!(
-            t0.elapsed() < grace + WAIT,
+            t0.elapsed() < grace + Duration::from_secs(15),
             "Stop took {:?} with a {grace:?} grace period",
             t0.elapsed()
         );
@@ -637,7 +641,6 @@ pub async fn deploy_changes_what_runs(h: Harness) {
             .await
             .unwrap_or_else(|e| panic!("Deploy r2: {}", show(&e)));
         assert_eq!(r.release_id, "r2", "DeployResponse.release_id");
-        let s1 = kit.wait_running(id).await;
         if has_logs {
             kit.wait_logs(id, "main", "VERSION=2 from the new process", |ls| {
                 count(ls, "VERSION=2") == 1
@@ -650,6 +653,9 @@ pub async fn deploy_changes_what_runs(h: Harness) {
                 Code::Unimplemented,
             );
         }
+        // Taken once the new process runs, so a rollout still under way
+        // cannot be mistaken for a restart by the repeated Deploy.
+        let s1 = kit.wait_running(id).await;
 
         // The same Deploy again: success, nothing restarts.
         let r = call(kit.c().deploy(deploy))
