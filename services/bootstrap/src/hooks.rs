@@ -312,6 +312,19 @@ async fn call_hook(
     req.set_timeout(timeout);
     match tokio::time::timeout(timeout, client.contribute_services(req)).await {
         Err(_) => Err(format!("no answer within {timeout:?}")),
+        // The deadline sent along (grpc-timeout) may fire first.
+        Ok(Err(s))
+            if matches!(
+                s.code(),
+                tonic::Code::Cancelled | tonic::Code::DeadlineExceeded
+            ) =>
+        {
+            Err(format!(
+                "no answer within {timeout:?} ({:?}: {})",
+                s.code(),
+                s.message()
+            ))
+        }
         Ok(Err(s)) => Err(format!("{:?}: {}", s.code(), s.message())),
         Ok(Ok(r)) => Ok(r.into_inner().services),
     }

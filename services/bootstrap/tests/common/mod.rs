@@ -1,8 +1,11 @@
 //! Harness for the bootstrap tests: a real datacenter server (SQLite), the
-//! bootstrap service assembled in-process with a controllable clock, and a
-//! fake agent — a real `ProviderService` server over a `Provider` that
-//! counts calls and fails on demand — joined to the registry like any
-//! agent.
+//! bootstrap service assembled in-process with a controllable clock (its
+//! store on SQLite, or on the Postgres of `CP_TEST_POSTGRES_URL` with a
+//! fresh database per test), and a fake agent — a real `ProviderService`
+//! server over a `Provider` that counts calls and fails on demand — joined
+//! to the registry like any agent. Also: a remote hook as an extension
+//! would write it ([`TestHook`]), and the real bootstrap server on a socket
+//! ([`serve_bootstrap`]).
 
 #![allow(dead_code)]
 
@@ -223,8 +226,16 @@ impl Provider for FakeAgent {
         })
     }
 
+    /// Like a real agent: (re)starts a failed instance.
     async fn start(&self, id: &str) -> Result<pb::InstanceStatus, ProviderError> {
-        self.status(id).await
+        let mut s = self.state.lock().unwrap();
+        s.calls.push(format!("start:{id}"));
+        let inst = s
+            .instances
+            .get_mut(id)
+            .ok_or_else(|| ProviderError::no_instance(id))?;
+        inst.failed = false;
+        Ok(status(id, inst))
     }
 
     async fn stop(&self, id: &str, _grace: Duration) -> Result<pb::InstanceStatus, ProviderError> {
@@ -236,7 +247,7 @@ impl Provider for FakeAgent {
         id: &str,
         _service: Option<&str>,
     ) -> Result<pb::InstanceStatus, ProviderError> {
-        self.status(id).await
+        self.start(id).await
     }
 
     async fn status(&self, id: &str) -> Result<pb::InstanceStatus, ProviderError> {
@@ -333,8 +344,47 @@ pub fn admin() -> Caller {
     }
 }
 
-fn admin_token() -> String {
+pub fn admin_token() -> String {
     Authenticator::new(SECRET).mint(&admin().claims)
+}
+
+/// Which database the bootstrap store runs on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Backend {
+    #[default]
+    Sqlite,
+    Postgres,
+}
+
+/// A fresh bootstrap database URL; `None` when Postgres is not configured
+/// outside CI (in CI a missing Postgres is a failure, never a skip).
+pub async fn database_url(backend: Backend, dir: &std::path::Path) -> Option<String> {
+    match backend {
+        Backend::Sqlite => Some(format!("sqlite://{}", dir.join("bs.db").display())),
+        Backend::Postgres => {
+            let Ok(admin) = std::env::var("CP_TEST_POSTGRES_URL") else {
+                assert!(
+                    std::env::var("CI").is_err(),
+                    "CP_TEST_POSTGRES_URL must be set in CI (tests/run.sh starts Postgres)"
+                );
+                eprintln!("skipping: CP_TEST_POSTGRES_URL is not set (run tests/run.sh)");
+                return None;
+            };
+            use sea_orm::ConnectionTrait;
+            let name = format!("bs_test_{}", uuid::Uuid::now_v7().simple());
+            let conn = sea_orm::Database::connect(admin.as_str())
+                .await
+                .expect("connect to test Postgres");
+            conn.execute_unprepared(&format!("CREATE DATABASE {name}"))
+                .await
+                .unwrap();
+            conn.close().await.unwrap();
+            let (base, _) = admin
+                .rsplit_once('/')
+                .expect("postgres URL with a database path");
+            Some(format!("{base}/{name}"))
+        }
+    }
 }
 
 /// Everything a bootstrap test needs.
@@ -346,6 +396,8 @@ pub struct Env {
     pub dcs: DatacenterServiceClient<AuthedChannel>,
     pub registry: AgentRegistryServiceClient<AuthedChannel>,
     dc_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Ends the service's watch streams when dropped or set.
+    pub stop: tokio::sync::watch::Sender<bool>,
     _dirs: Vec<tempfile::TempDir>,
 }
 
@@ -357,11 +409,25 @@ impl Drop for Env {
     }
 }
 
-#[derive(Default)]
 pub struct Options {
     pub rules: Vec<RuleHook>,
     pub reconcile: ReconcileConfig,
     pub service: ServiceConfig,
+    pub backend: Backend,
+    /// Timeout of one agent call.
+    pub call_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            rules: Vec::new(),
+            reconcile: ReconcileConfig::default(),
+            service: ServiceConfig::default(),
+            backend: Backend::Sqlite,
+            call_timeout: Duration::from_secs(5),
+        }
+    }
 }
 
 pub async fn env() -> Env {
@@ -369,9 +435,23 @@ pub async fn env() -> Env {
 }
 
 pub async fn env_with(opts: Options) -> Env {
-    ctrlplane_runtime::telemetry::install_crypto_provider();
-    let dc_dir = tempfile::tempdir().unwrap();
-    let bs_dir = tempfile::tempdir().unwrap();
+    assert_eq!(opts.backend, Backend::Sqlite, "use try_env_with");
+    try_env_with(opts).await.unwrap()
+}
+
+/// An environment on `backend`, or `None` (skip) when Postgres is not
+/// configured outside CI.
+pub async fn env_on(backend: Backend) -> Option<Env> {
+    try_env_with(Options {
+        backend,
+        ..Default::default()
+    })
+    .await
+}
+
+/// Starts a datacenter server (agents' leases long enough that a fake
+/// agent, which never heartbeats, stays healthy for the whole test).
+pub async fn start_datacenter(dir: &std::path::Path) -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dc_addr = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -385,19 +465,31 @@ pub async fn env_with(opts: Options) -> Env {
                 secret: SECRET.to_vec(),
             },
             database: DatabaseConfig {
-                url: format!("sqlite://{}", dc_dir.path().join("dc.db").display()),
+                url: format!("sqlite://{}", dir.join("dc.db").display()),
                 max_connections: 5,
             },
-            registry: Default::default(),
+            registry: ctrlplane_datacenter::agents::service::RegistryConfig {
+                lease_ttl: Duration::from_secs(3600),
+                ..Default::default()
+            },
         },
         listener,
         async {
             let _ = rx.await;
         },
     ));
+    (dc_addr, tx)
+}
+
+pub async fn try_env_with(opts: Options) -> Option<Env> {
+    ctrlplane_runtime::telemetry::install_crypto_provider();
+    let dc_dir = tempfile::tempdir().unwrap();
+    let bs_dir = tempfile::tempdir().unwrap();
+    let url = database_url(opts.backend, bs_dir.path()).await?;
+    let (dc_addr, tx) = start_datacenter(dc_dir.path()).await;
     let auth = Arc::new(Authenticator::new(SECRET));
     let db = ctrlplane_runtime::db::connect(&DatabaseConfig {
-        url: format!("sqlite://{}", bs_dir.path().join("bs.db").display()),
+        url,
         max_connections: 5,
     })
     .await
@@ -408,7 +500,7 @@ pub async fn env_with(opts: Options) -> Env {
         BearerInterceptor::service(auth.clone(), "bootstrap"),
     )
     .unwrap();
-    let agents = AgentDirectory::new(channel, auth.clone(), Duration::from_secs(5));
+    let agents = AgentDirectory::new(channel, auth.clone(), opts.call_timeout);
     let hooks = Hooks::new(opts.rules, store.clone(), auth.clone());
     let clock = FakeClock::new();
     let reconciler = Reconciler::new(
@@ -419,11 +511,11 @@ pub async fn env_with(opts: Options) -> Env {
         "test-replica".into(),
         clock.clock(),
     );
-    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let svc = BootstrapService::new(store.clone(), reconciler, hooks, opts.service, stop_rx);
     let admin_channel =
         authed_channel(&dc_addr, BearerInterceptor::fixed(&admin_token()).unwrap()).unwrap();
-    Env {
+    Some(Env {
         dc_addr,
         svc,
         store,
@@ -431,8 +523,9 @@ pub async fn env_with(opts: Options) -> Env {
         dcs: DatacenterServiceClient::new(admin_channel.clone()),
         registry: AgentRegistryServiceClient::new(admin_channel),
         dc_stop: Some(tx),
+        stop,
         _dirs: vec![dc_dir, bs_dir],
-    }
+    })
 }
 
 /// Serves a fake agent and joins it for `provider`.
@@ -582,4 +675,272 @@ pub async fn states(env: &Env, id: &str) -> Vec<(String, String)> {
         .into_iter()
         .map(|w| (w.name, w.state.as_str().to_string()))
         .collect()
+}
+
+/// Rows of a datacenter.
+pub async fn rows(env: &Env, id: &str) -> Vec<ctrlplane_bootstrap::model::Workload> {
+    env.store.workloads(id).await.unwrap()
+}
+
+/// The row of a name (panics when there is none or several).
+pub async fn row(env: &Env, dc: &str, name: &str) -> ctrlplane_bootstrap::model::Workload {
+    let mut found: Vec<_> = rows(env, dc)
+        .await
+        .into_iter()
+        .filter(|w| w.name == name)
+        .collect();
+    assert_eq!(found.len(), 1, "rows named {name}: {found:?}");
+    found.remove(0)
+}
+
+/// Every event (of one datacenter, or all), oldest first.
+pub async fn events(env: &Env, dc: Option<&str>) -> Vec<ctrlplane_bootstrap::model::Event> {
+    env.store.events_after(dc, 0, 100_000).await.unwrap()
+}
+
+/// Polls `f` every 50 ms until it yields `Some`, for at most `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How a [`TestHook`] answers `ContributeServices`.
+#[derive(Debug, Clone, Default)]
+pub struct HookState {
+    /// What it contributes.
+    pub specs: Vec<BootstrapServiceSpec>,
+    /// Answer UNAVAILABLE.
+    pub fail: bool,
+    /// Sleep this long before answering.
+    pub delay: Option<Duration>,
+    /// Calls received.
+    pub calls: usize,
+    /// Every call carried a valid system token (a real hook would check).
+    pub all_calls_authenticated: bool,
+    /// The datacenters asked about, in order.
+    pub asked: Vec<String>,
+}
+
+/// A remote hook as any extension would write it: a tonic server
+/// implementing `BootstrapHookService`.
+pub struct TestHook {
+    pub endpoint: String,
+    pub state: Arc<Mutex<HookState>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl TestHook {
+    pub fn set(&self, f: impl FnOnce(&mut HookState)) {
+        f(&mut self.state.lock().unwrap())
+    }
+    pub fn calls(&self) -> usize {
+        self.state.lock().unwrap().calls
+    }
+}
+
+impl Drop for TestHook {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+#[derive(Clone)]
+struct HookImpl {
+    name: String,
+    state: Arc<Mutex<HookState>>,
+}
+
+#[tonic::async_trait]
+impl ctrlplane_proto::bootstrap::v1::bootstrap_hook_service_server::BootstrapHookService
+    for HookImpl
+{
+    async fn get_hook_info(
+        &self,
+        _req: tonic::Request<ctrlplane_proto::bootstrap::v1::GetHookInfoRequest>,
+    ) -> Result<tonic::Response<ctrlplane_proto::bootstrap::v1::GetHookInfoResponse>, tonic::Status>
+    {
+        Ok(tonic::Response::new(
+            ctrlplane_proto::bootstrap::v1::GetHookInfoResponse {
+                name: self.name.clone(),
+                version: "test".into(),
+                description: "a test hook".into(),
+            },
+        ))
+    }
+
+    async fn contribute_services(
+        &self,
+        req: tonic::Request<ctrlplane_proto::bootstrap::v1::ContributeServicesRequest>,
+    ) -> Result<
+        tonic::Response<ctrlplane_proto::bootstrap::v1::ContributeServicesResponse>,
+        tonic::Status,
+    > {
+        let authed = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|t| Authenticator::new(SECRET).verify(t).ok())
+            .is_some_and(|claims| Caller { claims }.is_system());
+        let (specs, fail, delay) = {
+            let mut s = self.state.lock().unwrap();
+            s.all_calls_authenticated &= authed;
+            s.calls += 1;
+            s.asked.push(
+                req.get_ref()
+                    .datacenter
+                    .as_ref()
+                    .map(|d| d.id.clone())
+                    .unwrap_or_default(),
+            );
+            (s.specs.clone(), s.fail, s.delay)
+        };
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        if fail {
+            return Err(tonic::Status::unavailable("inventory database is down"));
+        }
+        Ok(tonic::Response::new(
+            ctrlplane_proto::bootstrap::v1::ContributeServicesResponse { services: specs },
+        ))
+    }
+}
+
+/// Serves a hook contributing `specs` on a free port.
+pub async fn test_hook(name: &str, specs: Vec<BootstrapServiceSpec>) -> TestHook {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let state = Arc::new(Mutex::new(HookState {
+        specs,
+        all_calls_authenticated: true,
+        ..Default::default()
+    }));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let service = ctrlplane_proto::bootstrap::v1::bootstrap_hook_service_server::BootstrapHookServiceServer::new(
+        HookImpl {
+            name: name.to_string(),
+            state: state.clone(),
+        },
+    );
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                async {
+                    let _ = rx.await;
+                },
+            ),
+    );
+    TestHook {
+        endpoint,
+        state,
+        stop: Some(tx),
+    }
+}
+
+/// The real bootstrap server (`ctrlplane_bootstrap::run`) on a free port,
+/// talking to the environment's datacenter server.
+pub struct BootstrapServer {
+    pub addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    pub handle: Option<tokio::task::JoinHandle<Result<(), ctrlplane_bootstrap::RunError>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl BootstrapServer {
+    /// Stops the server and waits for it.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(h) = self.handle.take() {
+            h.await.unwrap().unwrap();
+        }
+    }
+}
+
+impl Drop for BootstrapServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+pub async fn serve_bootstrap(env: &Env) -> BootstrapServer {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let config = ctrlplane_bootstrap::Config {
+        server: ServerConfig {
+            listen_addr: addr,
+            shutdown_grace: Duration::from_secs(2),
+        },
+        auth: AuthConfig {
+            secret: SECRET.to_vec(),
+        },
+        database: DatabaseConfig {
+            url: format!("sqlite://{}", dir.path().join("bs.db").display()),
+            max_connections: 5,
+        },
+        peers: ctrlplane_runtime::config::PeersConfig {
+            datacenter: env.dc_addr.clone(),
+            bootstrap: String::new(),
+            scheduler: String::new(),
+        },
+        hooks_file: None,
+        reconcile: ReconcileConfig::default(),
+        service: ServiceConfig::default(),
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(ctrlplane_bootstrap::run(config, listener, async {
+        let _ = rx.await;
+    }));
+    BootstrapServer {
+        addr,
+        stop: Some(tx),
+        handle: Some(handle),
+        _dir: dir,
+    }
+}
+
+/// Generates one `#[tokio::test]` per backend for each listed async fn
+/// taking a [`Backend`].
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Backend::Sqlite).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Backend::Postgres).await
+                }
+            )*
+        }
+    };
 }
