@@ -128,6 +128,25 @@ pub struct Reconciler {
     config: ReconcileConfig,
     owner: String,
     clock: Clock,
+    /// Datacenters being reconciled by this process: the lease row keeps
+    /// replicas apart, this keeps two tasks of one replica apart.
+    inflight: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
+
+/// Removes a datacenter from the in-flight set when dropped (also when the
+/// reconcile task is cancelled).
+struct InflightGuard {
+    set: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    id: String,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
 }
 
 fn phase_of(dc: &DatacenterInfo) -> Option<Phase> {
@@ -181,6 +200,7 @@ impl Reconciler {
             config,
             owner,
             clock,
+            inflight: Default::default(),
         }
     }
 
@@ -214,6 +234,21 @@ impl Reconciler {
         let mut outcome = Outcome {
             paused: matches!(phase, Phase::Maintenance | Phase::Offline),
             ..Default::default()
+        };
+        let _guard = if dry_run {
+            None
+        } else {
+            let mut set = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            if !set.insert(dc.id.clone()) {
+                return Err(Error::Aborted(format!(
+                    "another reconcile of datacenter {} is running; try again",
+                    dc.id
+                )));
+            }
+            Some(InflightGuard {
+                set: self.inflight.clone(),
+                id: dc.id.clone(),
+            })
         };
         if !dry_run {
             match self

@@ -439,3 +439,47 @@ async fn dry_run_changes_nothing() {
     assert!(env.store.workloads(&dc.id).await.unwrap().is_empty());
     assert_eq!(env.store.current_sequence().await.unwrap(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_reconcile_per_datacenter_at_a_time() {
+    let env = env().await;
+    let agent = fake_agent(&env, "fake", true).await;
+    agent.state.lock().unwrap().hang_provisions = true;
+    let dc = create_dc(&env, "dc", "fake", vec![spec("a", "i")]).await;
+    let d = get_dc(&env, &dc.id).await.unwrap();
+    let (info, declared) = ctrlplane_bootstrap::service::snapshot_of(&d);
+    let first = {
+        let svc = env.svc.clone();
+        let (info, declared) = (info.clone(), declared.clone());
+        tokio::spawn(async move { svc.reconcile(&admin(), &info, &declared, false).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while agent.count("provision:") == 0 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // While the first is in flight, a second one of the same datacenter is
+    // refused (and a dry run is still answered).
+    let err = env
+        .svc
+        .reconcile(&admin(), &info, &declared, false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ctrlplane_bootstrap::error::Error::Aborted(_)),
+        "{err:?}"
+    );
+    assert!(
+        env.svc
+            .reconcile(&admin(), &info, &declared, true)
+            .await
+            .is_ok()
+    );
+    first.abort();
+    let _ = first.await;
+    // The cancelled run released its claim.
+    agent.state.lock().unwrap().hang_provisions = false;
+    env.clock.advance(Duration::from_secs(61));
+    reconcile(&env, &dc.id).await;
+    assert_eq!(names(&states(&env, &dc.id).await), [("a", "running")]);
+}
