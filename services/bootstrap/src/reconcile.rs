@@ -214,7 +214,9 @@ impl Reconciler {
         &self.config
     }
 
-    fn now(&self) -> DateTime<Utc> {
+    /// The current time on the reconciler's clock (the one the planner
+    /// compares `next_attempt_time` and leases with).
+    pub fn now(&self) -> DateTime<Utc> {
         (self.clock)()
     }
 
@@ -612,6 +614,11 @@ impl Reconciler {
         insert: bool,
     ) -> Result<bool> {
         let from = if insert { None } else { Some(row.state) };
+        // A repair: the backend was running this very spec. Provision
+        // re-creates a vanished workload but, being idempotent, leaves an
+        // existing failed one as it is; Start (a no-op on a running one)
+        // brings that back.
+        let repair = !insert && row.applied_hash.as_deref() == Some(d.spec_hash.as_str());
         Self::set_target(&mut row, d);
         row.state = State::Provisioning;
         row.lease_expire_time = Some(self.lease());
@@ -638,7 +645,22 @@ impl Reconciler {
         let mut client = agent.client.clone();
         let mut req = tonic::Request::new(Self::provision_request(&row));
         req.set_timeout(self.agents.call_timeout());
-        match client.provision(req).await {
+        let mut result = client.provision(req).await;
+        if repair && let Ok(provisioned) = result {
+            let mut req = tonic::Request::new(pb::StartRequest {
+                instance_id: row.id.clone(),
+            });
+            req.set_timeout(self.agents.call_timeout());
+            result = match client.start(req).await {
+                Ok(_) => Ok(provisioned),
+                Err(s) => {
+                    let msg = format!("Start: {:?}: {}", s.code(), s.message());
+                    self.fail(row, &msg).await?;
+                    return Err(Error::Unavailable(msg));
+                }
+            };
+        }
+        match result {
             Ok(resp) => {
                 let r = resp.into_inner();
                 row.state = State::Running;

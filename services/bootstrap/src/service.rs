@@ -351,7 +351,8 @@ impl BootstrapService {
             if let Some(message) = drift {
                 w.state = State::Failed;
                 w.last_error = message.clone();
-                w.next_attempt_time = Some(crate::store::now());
+                // Due now on the clock the planner compares it with.
+                w.next_attempt_time = Some(self.reconciler.now());
                 w.update_time = crate::store::now();
                 self.store
                     .update(
