@@ -171,39 +171,41 @@ fn variable(dc: &DatacenterInfo, name: &str) -> Option<String> {
     )
 }
 
-/// Renders one string.
+/// Renders one string: `${datacenter.…}` references are replaced; every
+/// other `$` (shell variables like `${HOME}` or `$$`) is left as it is;
+/// `$${datacenter.x}` writes a literal `${datacenter.x}`.
 ///
 /// # Errors
 /// A message naming the unknown variable or the unterminated reference.
 pub fn render_str(s: &str, dc: &DatacenterInfo) -> Result<String, String> {
+    const OPEN: &str = "${datacenter.";
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
-            out.push('$');
-            rest = tail;
-        } else if let Some(tail) = after.strip_prefix('{') {
-            let end = tail
-                .find('}')
-                .ok_or_else(|| format!("unterminated variable reference in {s:?}"))?;
-            let name = &tail[..end];
-            let value = variable(dc, name).ok_or_else(|| {
-                if let Some(label) = name.strip_prefix("datacenter.labels.") {
-                    format!("${{{name}}}: the datacenter has no label {label:?}")
-                } else {
-                    format!(
-                        "unknown variable ${{{name}}} (known: datacenter.id, .name, .slug, .region, .zone, .provider, .tenant, .labels.KEY)"
-                    )
-                }
-            })?;
-            out.push_str(&value);
-            rest = &tail[end + 1..];
-        } else {
-            out.push('$');
-            rest = after;
+    while let Some(i) = rest.find(OPEN) {
+        if rest[..i].ends_with('$') {
+            // `$${datacenter.…}`: an escaped, literal reference.
+            out.push_str(&rest[..i - 1]);
+            out.push_str(OPEN);
+            rest = &rest[i + OPEN.len()..];
+            continue;
         }
+        out.push_str(&rest[..i]);
+        let tail = &rest[i + 2..];
+        let end = tail
+            .find('}')
+            .ok_or_else(|| format!("unterminated variable reference in {s:?}"))?;
+        let name = &tail[..end];
+        let value = variable(dc, name).ok_or_else(|| {
+            if let Some(label) = name.strip_prefix("datacenter.labels.") {
+                format!("${{{name}}}: the datacenter has no label {label:?}")
+            } else {
+                format!(
+                    "unknown variable ${{{name}}} (known: datacenter.id, .name, .slug, .region, .zone, .provider, .tenant, .labels.KEY)"
+                )
+            }
+        })?;
+        out.push_str(&value);
+        rest = &tail[end + 1..];
     }
     out.push_str(rest);
     Ok(out)
@@ -370,13 +372,20 @@ mod tests {
             "DC".into(),
             "${datacenter.slug}-${datacenter.region}".into(),
         );
-        s.services[0].args = vec!["--team=${datacenter.labels.team}".into(), "$$HOME".into()];
+        s.services[0].args = vec![
+            "--team=${datacenter.labels.team}".into(),
+            "${HOME} $$ $1".into(),
+            "$${datacenter.id}".into(),
+        ];
         s.services[0].command = vec!["run-${datacenter.provider}".into()];
         s.labels.insert("dc".into(), "${datacenter.id}".into());
         let set = build(&dc(), &[s], &[]);
         let r = &set.items[0].spec;
         assert_eq!(r.services[0].env["DC"], "frankfurt-eu");
-        assert_eq!(r.services[0].args, ["--team=infra", "$HOME"]);
+        assert_eq!(
+            r.services[0].args,
+            ["--team=infra", "${HOME} $$ $1", "${datacenter.id}"]
+        );
         assert_eq!(r.services[0].command, ["run-docker"]);
         assert_eq!(r.labels["dc"], "dc_1");
 

@@ -138,15 +138,31 @@ impl Rpc for BootstrapGrpc {
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
         let caller = caller(&req)?;
         let r = req.into_inner();
-        let Some(dc) = r.datacenter else {
-            let mut v = Violations::new();
-            v.add("datacenter", "is required");
-            return Err(v.to_status());
+        let outcome = match (r.datacenter, r.datacenter_id.is_empty()) {
+            (Some(dc), true) => {
+                self.service
+                    .reconcile(&caller, &dc, &r.declared_services, r.dry_run)
+                    .await?
+            }
+            (None, false) => {
+                self.service
+                    .reconcile_current(&caller, &r.datacenter_id, r.dry_run)
+                    .await?
+            }
+            (Some(_), false) => {
+                let mut v = Violations::new();
+                v.add(
+                    "datacenter_id",
+                    "give either a datacenter snapshot or a datacenter_id, not both",
+                );
+                return Err(v.to_status());
+            }
+            (None, true) => {
+                let mut v = Violations::new();
+                v.add("datacenter", "is required (or set datacenter_id)");
+                return Err(v.to_status());
+            }
         };
-        let outcome = self
-            .service
-            .reconcile(&caller, &dc, &r.declared_services, r.dry_run)
-            .await?;
         let mut actions: Vec<pb::PlanAction> = outcome
             .actions
             .iter()

@@ -160,6 +160,29 @@ impl BootstrapService {
         self.reconciler.reconcile(dc, declared, dry_run).await
     }
 
+    /// Reconciles a datacenter's current state, fetched from the datacenter
+    /// service.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a bad id, `NotFound` when the datacenter does
+    /// not exist, `Unavailable` when the datacenter service cannot be asked;
+    /// reconcile errors.
+    pub async fn reconcile_current(
+        &self,
+        caller: &Caller,
+        datacenter_id: &str,
+        dry_run: bool,
+    ) -> Result<Outcome> {
+        require(caller)?;
+        check_dc_id("datacenter_id", datacenter_id)?;
+        let dc = self
+            .fetch(datacenter_id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("datacenter {datacenter_id} not found")))?;
+        let (info, declared) = snapshot_of(&dc);
+        self.reconciler.reconcile(&info, &declared, dry_run).await
+    }
+
     /// Fetches a datacenter from the datacenter service; `None` when it no
     /// longer exists.
     async fn fetch(&self, datacenter_id: &str) -> Result<Option<dcpb::Datacenter>> {
