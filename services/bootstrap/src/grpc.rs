@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 
 use crate::model::{Event, State, Workload};
 use crate::plan::Kind;
-use crate::service::BootstrapService;
+use crate::service::{self, BootstrapService};
 
 /// The gRPC face of [`BootstrapService`].
 #[derive(Clone)]
@@ -137,6 +137,7 @@ impl Rpc for BootstrapGrpc {
         req: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
         let caller = caller(&req)?;
+        service::require(&caller)?;
         let r = req.into_inner();
         let outcome = match (r.datacenter, r.datacenter_id.is_empty()) {
             (Some(dc), true) => {
@@ -260,6 +261,7 @@ impl Rpc for BootstrapGrpc {
         req: Request<pb::CollectGarbageRequest>,
     ) -> Result<Response<pb::CollectGarbageResponse>, Status> {
         let caller = caller(&req)?;
+        service::require(&caller)?;
         let grace = from_duration("grace_period", &req.get_ref().grace_period)?;
         let r = self.service.collect_garbage(&caller, grace).await?;
         Ok(Response::new(pb::CollectGarbageResponse {
@@ -319,6 +321,7 @@ impl Rpc for BootstrapGrpc {
         req: Request<pb::RegisterHookRequest>,
     ) -> Result<Response<pb::RegisterHookResponse>, Status> {
         let caller = caller(&req)?;
+        service::require(&caller)?;
         let r = req.get_ref();
         let timeout = from_duration("timeout", &r.timeout)?;
         let h = self

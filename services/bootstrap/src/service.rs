@@ -86,7 +86,12 @@ pub struct BootstrapService {
     shutdown: watch::Receiver<bool>,
 }
 
-fn require(caller: &Caller) -> Result<()> {
+/// Every operation needs a platform caller; checked before any input, so a
+/// tenant learns nothing from the shape of its request.
+///
+/// # Errors
+/// `PermissionDenied` for other callers.
+pub fn require(caller: &Caller) -> Result<()> {
     if caller.is_system() {
         Ok(())
     } else {

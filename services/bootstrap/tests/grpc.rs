@@ -127,6 +127,33 @@ async fn auth_and_validation() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    // Refused before any input is looked at.
+    let err = tenant
+        .reconcile(pb::ReconcileRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let err = tenant
+        .collect_garbage(pb::CollectGarbageRequest {
+            grace_period: Some(pbjson_types::Duration {
+                seconds: -1,
+                nanos: 0,
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let err = tenant
+        .register_hook(pb::RegisterHookRequest {
+            timeout: Some(pbjson_types::Duration {
+                seconds: -1,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     // A service token is a platform caller.
     client(&server, "", &[ROLE_SERVICE])
         .list_hooks(pb::ListHooksRequest {})
@@ -174,6 +201,44 @@ async fn auth_and_validation() {
             "declared_services[0].depends_on[0]",
         ],
     );
+
+    // By id instead of a snapshot: not both, a valid id, an existing one.
+    let err = c
+        .reconcile(pb::ReconcileRequest {
+            datacenter: Some(snapshot_of(&dc).0),
+            datacenter_id: dc.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad_fields(&err), ["datacenter_id"]);
+    let err = c
+        .reconcile(pb::ReconcileRequest {
+            datacenter_id: "dc_bad".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad_fields(&err), ["datacenter_id"]);
+    let err = c
+        .reconcile(pb::ReconcileRequest {
+            datacenter_id: ctrlplane_core::id::new_id(ctrlplane_core::id::DATACENTER),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    let plan = c
+        .reconcile(pb::ReconcileRequest {
+            datacenter_id: dc.id.clone(),
+            dry_run: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(plan.actions.len(), 1);
+    assert_eq!(plan.actions[0].r#type, pb::ActionType::Provision as i32);
 
     // Reads with bad ids; unknown ids.
     let err = c
