@@ -1,5 +1,6 @@
 //! Reconcile scenarios against a fake agent (call counters, failure
-//! injection) behind the real datacenter service and registry.
+//! injection) behind the real datacenter service and registry; the
+//! store-heavy ones on SQLite and on Postgres.
 
 mod common;
 
@@ -15,9 +16,10 @@ fn names(rows: &[(String, String)]) -> Vec<(&str, &str)> {
     rows.iter().map(|(n, s)| (n.as_str(), s.as_str())).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn declared_services_install_once() {
-    let env = env().await;
+async fn declared_services_install_once(backend: Backend) {
+    let Some(env) = env_on(backend).await else {
+        return;
+    };
     let agent = fake_agent(&env, "fake", true).await;
     let dc = create_dc(
         &env,
@@ -109,9 +111,10 @@ async fn hooks_contribute_and_declared_wins() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn removed_specs_are_retired() {
-    let env = env().await;
+async fn removed_specs_are_retired(backend: Backend) {
+    let Some(env) = env_on(backend).await else {
+        return;
+    };
     let agent = fake_agent(&env, "fake", true).await;
     let dc = create_dc(&env, "dc", "fake", vec![spec("a", "i"), spec("b", "i")]).await;
     reconcile(&env, &dc.id).await;
@@ -135,9 +138,10 @@ async fn removed_specs_are_retired() {
     assert_eq!(agent.count("deprovision:"), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failures_record_attempts_back_off_then_succeed() {
-    let env = env().await;
+async fn failures_record_attempts_back_off_then_succeed(backend: Backend) {
+    let Some(env) = env_on(backend).await else {
+        return;
+    };
     let agent = fake_agent(&env, "fake", true).await;
     agent.state.lock().unwrap().fail_provisions = 3;
     let dc = create_dc(&env, "dc", "fake", vec![spec("a", "i")]).await;
@@ -190,9 +194,10 @@ async fn failures_record_attempts_back_off_then_succeed() {
     assert_eq!(agent.instances().len(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_after_the_agent_call_recovers_without_duplicates() {
-    let env = env().await;
+async fn a_crash_after_the_agent_call_recovers_without_duplicates(backend: Backend) {
+    let Some(env) = env_on(backend).await else {
+        return;
+    };
     let agent = fake_agent(&env, "fake", true).await;
     agent.state.lock().unwrap().hang_provisions = true;
     let dc = create_dc(&env, "dc", "fake", vec![spec("a", "i")]).await;
@@ -246,9 +251,12 @@ async fn a_crash_after_the_agent_call_recovers_without_duplicates() {
     assert_eq!(agent.count("provision:"), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn image_changes_deploy_in_place_and_structure_changes_replace_without_a_gap() {
-    let env = env().await;
+async fn image_changes_deploy_in_place_and_structure_changes_replace_without_a_gap(
+    backend: Backend,
+) {
+    let Some(env) = env_on(backend).await else {
+        return;
+    };
     let agent = fake_agent(&env, "fake", true).await;
     let dc = create_dc(&env, "dc", "fake", vec![spec("a", "i:1")]).await;
     reconcile(&env, &dc.id).await;
@@ -349,9 +357,10 @@ async fn templating_renders_and_unknown_variables_fail_the_spec() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stale_snapshots_are_ignored() {
-    let env = env().await;
+async fn stale_snapshots_are_ignored(backend: Backend) {
+    let Some(env) = env_on(backend).await else {
+        return;
+    };
     let agent = fake_agent(&env, "fake", true).await;
     let dc = create_dc(&env, "dc", "fake", vec![spec("a", "i")]).await;
     let old = get_dc(&env, &dc.id).await.unwrap();
@@ -376,9 +385,10 @@ async fn stale_snapshots_are_ignored() {
     assert_eq!(agent.count("deprovision:"), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn datacenter_status_governs_what_changes() {
-    let env = env().await;
+async fn datacenter_status_governs_what_changes(backend: Backend) {
+    let Some(env) = env_on(backend).await else {
+        return;
+    };
     let agent = fake_agent(&env, "fake", true).await;
     let dc = create_dc(&env, "dc", "fake", vec![spec("a", "i:1")]).await;
     reconcile(&env, &dc.id).await;
@@ -440,9 +450,10 @@ async fn dry_run_changes_nothing() {
     assert_eq!(env.store.current_sequence().await.unwrap(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_reconcile_per_datacenter_at_a_time() {
-    let env = env().await;
+async fn one_reconcile_per_datacenter_at_a_time(backend: Backend) {
+    let Some(env) = env_on(backend).await else {
+        return;
+    };
     let agent = fake_agent(&env, "fake", true).await;
     agent.state.lock().unwrap().hang_provisions = true;
     let dc = create_dc(&env, "dc", "fake", vec![spec("a", "i")]).await;
@@ -483,3 +494,15 @@ async fn one_reconcile_per_datacenter_at_a_time() {
     reconcile(&env, &dc.id).await;
     assert_eq!(names(&states(&env, &dc.id).await), [("a", "running")]);
 }
+
+// The scenarios that lean on the store most also run on Postgres.
+on_both_backends!(
+    declared_services_install_once,
+    removed_specs_are_retired,
+    failures_record_attempts_back_off_then_succeed,
+    a_crash_after_the_agent_call_recovers_without_duplicates,
+    image_changes_deploy_in_place_and_structure_changes_replace_without_a_gap,
+    stale_snapshots_are_ignored,
+    datacenter_status_governs_what_changes,
+    one_reconcile_per_datacenter_at_a_time,
+);
