@@ -108,24 +108,7 @@ fn check_dc_id(field: &str, id_: &str) -> Result<()> {
 }
 
 /// The bootstrap view of a datacenter resource.
-pub fn snapshot_of(dc: &dcpb::Datacenter) -> (DatacenterInfo, Vec<BootstrapServiceSpec>) {
-    (
-        DatacenterInfo {
-            id: dc.id.clone(),
-            tenant_id: dc.tenant_id.clone(),
-            name: dc.name.clone(),
-            slug: dc.slug.clone(),
-            provider_name: dc.provider_name.clone(),
-            region: dc.region.clone(),
-            zone: dc.zone.clone(),
-            labels: dc.labels.clone(),
-            // DatacenterPhase mirrors DatacenterStatus number for number.
-            phase: dc.status,
-            revision: dc.revision,
-        },
-        dc.bootstrap_services.clone(),
-    )
-}
+pub use ctrlplane_core::snapshot::bootstrap_snapshot as snapshot_of;
 
 impl BootstrapService {
     /// Assembles the service.

@@ -21,6 +21,7 @@ pub mod id;
 pub mod page;
 pub mod selector;
 pub mod slug;
+pub mod snapshot;
 pub mod validate;
 pub mod violations;
 
