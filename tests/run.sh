@@ -9,8 +9,10 @@
 # 2. starts a throwaway PostgreSQL on 127.0.0.1 (stopped on exit) and exports
 #    CP_TEST_POSTGRES_URL for the Rust store tests;
 # 3. cargo fmt --check, buf lint, clippy -D warnings, build, nextest;
-# 4. the grpcurl tests (incl. the README's examples, run verbatim) and the
-#    Python client tests against the built binaries.
+# 4. the grpcurl tests (incl. the README's examples, run verbatim: they start
+#    a real ctrlplane-agent-process that joins with a join token) and the
+#    Python client tests (which join agents through the generated
+#    AgentRegistryService stub) against the built binaries.
 #
 # Every step prints a header; a failed check step does not stop the later
 # ones (a failed build does). The last line sums up; the exit code is

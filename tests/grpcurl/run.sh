@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# grpcurl 1.8.6 against a started ctrlplane-datacenter, and the README's
-# example blocks run verbatim.
+# grpcurl 1.8.6 against a started ctrlplane-datacenter (and a process
+# agent), and the README's example blocks run verbatim.
 #
 #   bash tests/grpcurl/run.sh      (after cargo build --workspace)
 #
 # Starts target/debug/ctrlplane-datacenter on a free loopback port with a
 # temporary SQLite file and a fresh secret, mints tokens with
-# target/debug/ctrlplane, and checks reflection (list, describe), health,
-# every DatacenterService call the README shows, error cases (bad input,
-# no/forged token, forbidden transition) and that the change log survives a
-# restart. Ends with "grpcurl: N passed, M failed"; exits non-zero on any
-# failure.
+# target/debug/ctrlplane, starts target/debug/ctrlplane-agent-process on
+# another free port through the README's quick-start block (it joins with a
+# join token), and checks: the README blocks verbatim; reflection (list,
+# describe, google.rpc error details), health; the agent registry (join
+# tokens admin-only and single-use, JoinAgent without a bearer token,
+# idempotent retries, forged tokens, ListAgents, GetAgent, Heartbeat,
+# ResolveProvider, RevokeAgent); every DatacenterService call the README
+# shows, incl. "no agent for the provider"; error cases with decoded
+# google.rpc.BadRequest details; the process agent's ProviderService
+# (system tokens only); that the change log survives a restart; start-up
+# with unrelated CP_* variables. Ends with "grpcurl: N passed, M failed";
+# exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CP_ROOT=$(pwd)
@@ -19,7 +26,9 @@ source tests/lib/common.sh
 
 ensure_python_tools
 command -v jq >/dev/null || apt_install jq
-[ -x "$CP_BIN_DIR/ctrlplane" ] || die "$CP_BIN_DIR/ctrlplane is missing (cargo build --workspace)"
+for bin in ctrlplane ctrlplane-datacenter ctrlplane-agent-process; do
+  [ -x "$CP_BIN_DIR/$bin" ] || die "$CP_BIN_DIR/$bin is missing (cargo build --workspace)"
+done
 export PATH="$CP_BIN_DIR:$PATH"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ctrlplane-grpcurl.XXXXXX")
@@ -27,11 +36,24 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/ctrlplane-grpcurl.XXXXXX")
 # CP_TEST_POSTGRES_URL) for servers started here: each test gives its own.
 mapfile -t UNSET_CP < <(without_cp_env)
 DC_PID=""
+# The process agent the README's quick-start block starts: the bash running
+# the block, the agent (its child) and the agent's state directory.
+AGENT_SHELL_PID=""
+AGENT_PID=""
+AGENT_STATE=$WORK/readme/.data/agent-process
 cleanup() {
+  stop_pid "$AGENT_PID"
+  stop_pid "$AGENT_SHELL_PID"
+  # Workloads outlive their agent on purpose (the next start re-adopts
+  # them); a test that stopped before Deprovision leaves some: end them.
+  kill_workloads_under "$AGENT_STATE"
   stop_pid "$DC_PID"
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+# A timeout or Ctrl-C still cleans up (the EXIT trap runs on these exits).
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 PASSED=0
 FAILED=0
@@ -75,8 +97,8 @@ check() {
 contains() { # contains TEXT — $OUT contains TEXT
   grep -qF -- "$1" "$OUT" || { echo "expected output to contain: $1"; return 1; }
 }
-jq_true() { # jq_true FILTER — FILTER over $OUT is true
-  jq -e "$1" "$OUT" >/dev/null || { echo "expected jq filter to be true: $1"; return 1; }
+jq_true() { # jq_true [JQ_OPTION...] FILTER — FILTER over $OUT is true
+  jq -e "$@" "$OUT" >/dev/null || { echo "expected jq filter to be true: ${*: -1}"; return 1; }
 }
 fails_with() { # fails_with CODE CMD... — CMD fails and prints "Code: CODE"
   local code=$1
@@ -86,6 +108,8 @@ fails_with() { # fails_with CODE CMD... — CMD fails and prints "Code: CODE"
 }
 
 DC=ctrlplane.datacenter.v1.DatacenterService
+AR=ctrlplane.agent.v1.AgentRegistryService
+PS=ctrlplane.provider.v1.ProviderService
 
 # --- the server ---------------------------------------------------------------
 
@@ -96,10 +120,19 @@ log "serving on $DC_ADDR (pid $DC_PID)"
 ADDR=$DC_ADDR
 export CP_AUTH_SECRET=$DC_SECRET
 
-call() { # call TOKEN METHOD JSON — grpcurl an authenticated call
+call() { # call TOKEN METHOD JSON — grpcurl an authenticated DatacenterService call
   local token=$1 method=$2 data=$3
   run grpcurl -plaintext -H "authorization: Bearer $token" -d "$data" "$ADDR" "$DC/$method"
 }
+acall() { # acall TOKEN METHOD JSON — the same for AgentRegistryService
+  local token=$1 method=$2 data=$3
+  run grpcurl -plaintext -H "authorization: Bearer $token" -d "$data" "$ADDR" "$AR/$method"
+}
+
+ADMIN=$(ctrlplane token --secret "$DC_SECRET" --subject grpcurl-admin --role system:admin --ttl 1h)
+T1=$(ctrlplane token --subject grpcurl-t1 --tenant t1 --ttl 1h) # secret from CP_AUTH_SECRET
+T2=$(ctrlplane token --subject grpcurl-t2 --tenant t2 --ttl 1h)
+SYSTEM=$(ctrlplane token --subject grpcurl-system --role system:service --ttl 1h)
 
 # --- README examples, verbatim --------------------------------------------------
 
@@ -114,13 +147,25 @@ readme_block() {
   ' README.md
 }
 
+# The README uses the default addresses: the datacenter service on
+# localhost:7100, the process agent on 127.0.0.1:7401. The test server and
+# agent listen on free ports; these rewrites are the only changes made to
+# the blocks.
+AGENT_ADDR=127.0.0.1:$(free_port)
+rewrite_addrs() {
+  sed -e "s/localhost:7100/$ADDR/g" -e "s/127\.0\.0\.1:7100/$ADDR/g" \
+    -e "s/localhost:7401/$AGENT_ADDR/g" -e "s/127\.0\.0\.1:7401/$AGENT_ADDR/g"
+}
+
+# The README blocks run in $WORK/readme (their $PWD): the agent's state
+# directory ($PWD/.data/agent-process) ends up there.
+mkdir -p "$WORK/readme"
+
 # run_readme_blocks NAME... — runs the named blocks one after the other in
 # one bash (as a reader pastes them into one shell) against the started
-# server, with errexit on; a block whose name ends in "-errors" is made of
-# commands that fail on purpose and runs with errexit off. Only the address
-# is rewritten: the README uses the default localhost:7100, the test server
-# listens on a free port. Output goes to $OUT, each block's after a
-# "### <name>" line.
+# server and agent, with errexit on; a block whose name ends in "-errors" is
+# made of commands that fail on purpose and runs with errexit off. Output
+# goes to $OUT, each block's after a "### <name>" line.
 run_readme_blocks() {
   local script=$WORK/readme.sh name
   : >"$script"
@@ -132,14 +177,14 @@ run_readme_blocks() {
       *) echo "set -e" >>"$script" ;;
     esac
     printf 'echo "### %s"\n' "$name" >>"$script"
-    sed "s/localhost:7100/$ADDR/g" "$WORK/block" >>"$script"
+    rewrite_addrs <"$WORK/block" >>"$script"
   done
   echo 'echo "### end"' >>"$script"
-  echo "--- README blocks $* (address rewritten to $ADDR):"
+  echo "--- README blocks $* (addresses rewritten to $ADDR and $AGENT_ADDR):"
   cat "$script"
   # The exit status is that of the last command, which fails on purpose in
   # an -errors block: reaching the end marker is what counts.
-  (cd "$WORK" && PS4='+ ' bash -uo pipefail -x "$script") >"$OUT" 2>&1 || true
+  (cd "$WORK/readme" && PS4='+ ' bash -uo pipefail -x "$script") >"$OUT" 2>&1 || true
   grep -qx '### end' "$OUT" || { echo "the README commands stopped at an error (see the output's end)"; return 1; }
 }
 
@@ -148,18 +193,95 @@ section() {
   awk -v start="### $1" '$0 == start { on = 1; next } /^### / { on = 0 } on' "$OUT"
 }
 
+# bad_request [FILE] — the decoded google.rpc.BadRequest detail grpcurl
+# printed ("  1)<TAB>{"@type": …}") as one JSON object per line.
+bad_request() {
+  grep -F '"@type":"type.googleapis.com/google.rpc.BadRequest"' "${1:-$OUT}" | sed 's/^[^{]*//'
+}
+
+# agents_json — ListAgents (admin) as JSON on stdout, "{}" on failure.
+agents_json() {
+  grpcurl -plaintext -max-time 5 -H "authorization: Bearer $ADMIN" -d '{}' "$ADDR" "$AR/ListAgents" 2>/dev/null || echo '{}'
+}
+
+# The quick start's agent block runs in the background like the reader's
+# second shell: a bash running the block verbatim, whose last command is
+# the agent in the foreground. Only CP_AUTH_SECRET comes from here (the
+# reader's CP_AUTH_SECRET_FILE); the block sets the rest.
+header "README: the quick start's process agent"
+AGENT_STARTED=0
+AGENT_START_ERROR=""
+start_readme_agent() {
+  local i
+  readme_block agent-start >"$WORK/block"
+  if [ ! -s "$WORK/block" ]; then
+    AGENT_START_ERROR="README.md has no block marked <!-- test: agent-start -->"
+    return 1
+  fi
+  { echo "set -e"; rewrite_addrs <"$WORK/block"; } >"$WORK/agent-start.sh"
+  log "--- README block agent-start (addresses rewritten to $ADDR and $AGENT_ADDR):"
+  cat "$WORK/agent-start.sh" >&2
+  (cd "$WORK/readme" && PS4='+ ' exec env "${UNSET_CP[@]}" CP_AUTH_SECRET="$DC_SECRET" \
+    bash -uo pipefail -x "$WORK/agent-start.sh") >"$WORK/agent.log" 2>&1 &
+  AGENT_SHELL_PID=$!
+  if ! wait_serving "$AGENT_ADDR" "$AGENT_SHELL_PID" "$WORK/agent.log"; then
+    AGENT_START_ERROR="the agent never served on $AGENT_ADDR"
+    return 1
+  fi
+  AGENT_PID=$(child_pid "$AGENT_SHELL_PID" ctrlplane-agent || true)
+  for i in $(seq 1 150); do
+    if agents_json | jq -e --arg e "http://$AGENT_ADDR" \
+        '[.agents[]? | select(.providerName == "process" and .endpoint == $e)] | length == 1' >/dev/null; then
+      AGENT_STARTED=1
+      log "process agent pid ${AGENT_PID:-?} on $AGENT_ADDR joined"
+      return 0
+    fi
+    kill -0 "$AGENT_SHELL_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  AGENT_START_ERROR="the agent on $AGENT_ADDR did not join (ListAgents does not show it)"
+  return 1
+}
+start_readme_agent || log "$AGENT_START_ERROR"
+
+t_readme_agent() {
+  echo "--- the agent block's output (log):"
+  cat "$WORK/agent.log"
+  [ "$AGENT_STARTED" = 1 ] || { echo "$AGENT_START_ERROR"; return 1; }
+  [ -n "$AGENT_PID" ] || { echo "no ctrlplane-agent-process child of the block's shell"; return 1; }
+  grep -q 'joined the control plane' "$WORK/agent.log" || { echo "the agent did not log its join"; return 1; }
+  [ -f "$AGENT_STATE/identity.json" ] || { echo "no identity file at \$CP_STATE_DIR/identity.json"; return 1; }
+  agents_json >"$OUT"
+  jq_true --arg e "http://$AGENT_ADDR" \
+    '.agents[] | select(.endpoint == $e) | .health == "AGENT_HEALTH_HEALTHY" and (.id | startswith("agt_")) and (.capabilities | index("provision"))'
+}
+check "README quick start: the process agent starts, joins with its join token, is healthy" t_readme_agent
+
 header "README examples (run verbatim)"
 readme_grpcurl() {
-  run_readme_blocks grpcurl-quickstart grpcurl-errors
+  run_readme_blocks grpcurl-quickstart grpcurl-agents grpcurl-errors
   section grpcurl-quickstart >"$WORK/quickstart.out"
   grep -qF '"slug": "berlin-1"' "$WORK/quickstart.out" || { echo "CreateDatacenter output missing"; return 1; }
+  grep -qF "\"agentEndpoint\": \"http://$AGENT_ADDR\"" "$WORK/quickstart.out" \
+    || { echo "ResolveProvider should name the process agent at http://$AGENT_ADDR"; return 1; }
   grep -qF '"DATACENTER_STATUS_MAINTENANCE"' "$WORK/quickstart.out" || { echo "SetDatacenterStatus output missing"; return 1; }
   grep -qF '"DATACENTER_STATUS_DELETING"' "$WORK/quickstart.out" || { echo "DeleteDatacenter output missing"; return 1; }
+  section grpcurl-agents >"$WORK/agents.out"
+  grep -qE '"agentId": "agt_[0-9a-z]{26}"' "$WORK/agents.out" || { echo "JoinAgent output missing"; return 1; }
+  grep -qF '"credential": "' "$WORK/agents.out" || { echo "JoinAgent returns no credential"; return 1; }
+  grep -qF '"endpoint": "http://127.0.0.1:7402"' "$WORK/agents.out" || { echo "ListAgents does not show the docker agent"; return 1; }
   section grpcurl-errors >"$WORK/errors.out"
-  [ "$(grep -c '^  Code: ' "$WORK/errors.out")" = 2 ] || { echo "both error examples must fail"; return 1; }
+  [ "$(grep -c '^  Code: ' "$WORK/errors.out")" = 4 ] || { echo "all four error examples must fail"; return 1; }
   grep -qF 'Code: InvalidArgument' "$WORK/errors.out" || { echo "no InvalidArgument"; return 1; }
   grep -qF 'datacenter.name: is required' "$WORK/errors.out" || { echo "message as shown missing"; return 1; }
   grep -qF 'datacenter.labels[bad key!]' "$WORK/errors.out" || { echo "message as shown missing"; return 1; }
+  bad_request "$WORK/errors.out" | jq -es 'length == 1 and ([.[0].fieldViolations[].field] == ["datacenter.name", "datacenter.labels[bad key!]"])' >/dev/null \
+    || { echo "the decoded google.rpc.BadRequest detail as shown is missing"; return 1; }
+  grep -qF 'Code: FailedPrecondition' "$WORK/errors.out" || { echo "no FailedPrecondition"; return 1; }
+  grep -qF 'Message: no agent has registered for provider "nomad": start one with a join token (CreateJoinToken) before creating datacenters on it' "$WORK/errors.out" \
+    || { echo "message as shown missing"; return 1; }
+  grep -qF 'Code: PermissionDenied' "$WORK/errors.out" || { echo "no PermissionDenied"; return 1; }
+  grep -qF 'Message: this call needs a system:admin token' "$WORK/errors.out" || { echo "message as shown missing"; return 1; }
   grep -qF 'Code: Unauthenticated' "$WORK/errors.out" || { echo "no Unauthenticated"; return 1; }
   grep -qF 'Message: missing authorization metadata (expected "authorization: Bearer <token>")' "$WORK/errors.out" \
     || { echo "message as shown missing"; return 1; }
@@ -168,11 +290,28 @@ check "README grpcurl blocks work verbatim" readme_grpcurl
 
 readme_cli() {
   run_readme_blocks cli-quickstart
+  contains "http://$AGENT_ADDR"
+  contains 'healthy'
   contains 'paris-1'
   contains 'maintenance'
   grep -qiE 'deleting' "$OUT" || { echo "delete output missing"; return 1; }
 }
 check "README CLI block works verbatim" readme_cli
+
+readme_agent_process() {
+  run_readme_blocks agent-process
+  contains '"providerName": "process"'
+  contains '"strategy:rolling"'
+  contains '"providerRef": "process/hello-1"'
+  contains '"INSTANCE_STATE_RUNNING"'
+  contains '"line": "hi"'
+  contains '"existed": true'
+  # Deprovision ended the workload's processes.
+  local left
+  left=$(workloads_under "$AGENT_STATE/instances/hello-1")
+  [ -z "$left" ] || { echo "processes of hello-1 still running after Deprovision: $left"; return 1; }
+}
+check "README process agent block works verbatim (Provision, GetStatus, StreamLogs, Deprovision)" readme_agent_process
 
 # --- reflection and health ------------------------------------------------------
 
@@ -180,6 +319,7 @@ header "reflection and health (no token)"
 t_list() {
   run grpcurl -plaintext "$ADDR" list
   contains "$DC"
+  contains "$AR"
   contains grpc.health.v1.Health
 }
 check "list services" t_list
@@ -216,6 +356,23 @@ t_describe_health() {
 }
 check "describe grpc.health.v1.Health" t_describe_health
 
+t_describe_registry() {
+  run grpcurl -plaintext "$ADDR" describe "$AR"
+  local m
+  for m in CreateJoinToken JoinAgent Heartbeat ListAgents GetAgent RevokeAgent CheckAgents; do
+    contains "rpc $m ("
+  done
+}
+check "describe AgentRegistryService" t_describe_registry
+
+t_describe_error_details() {
+  # Served so that clients (grpcurl among them) decode error details.
+  run grpcurl -plaintext "$ADDR" describe google.rpc.BadRequest
+  contains 'google.rpc.BadRequest is a message:'
+  contains 'repeated .google.rpc.BadRequest.FieldViolation field_violations = 1;'
+}
+check "reflection serves google/rpc/error_details.proto (google.rpc.BadRequest)" t_describe_error_details
+
 t_health() {
   run grpcurl -plaintext "$ADDR" grpc.health.v1.Health/Check
   jq_true '.status == "SERVING"'
@@ -227,9 +384,6 @@ check "health SERVING (overall and DatacenterService)" t_health
 # --- authentication ---------------------------------------------------------------
 
 header "authentication"
-ADMIN=$(ctrlplane token --secret "$DC_SECRET" --subject grpcurl-admin --role system:admin --ttl 1h)
-T1=$(ctrlplane token --subject grpcurl-t1 --tenant t1 --ttl 1h) # secret from CP_AUTH_SECRET
-T2=$(ctrlplane token --subject grpcurl-t2 --tenant t2 --ttl 1h)
 
 t_token_shape() {
   [[ $ADMIN =~ ^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$ ]] || { echo "not a JWT: $ADMIN"; return 1; }
@@ -250,6 +404,188 @@ t_forged() {
   fails_with Unauthenticated grpcurl -plaintext -H "authorization: Basic abc" -d '{}' "$ADDR" "$DC/ListDatacenters"
 }
 check "forged / malformed token -> Unauthenticated" t_forged
+
+# --- the agent registry -------------------------------------------------------------
+
+header "AgentRegistryService"
+
+# join_body TOKEN PROVIDER KEY [ENDPOINT] — a JoinAgent request. Nothing
+# listens at the default endpoint (port 9, "discard"): these agents are
+# registry entries only.
+join_body() {
+  jq -nc --arg t "$1" --arg p "$2" --arg k "$3" --arg e "${4:-http://127.0.0.1:9}" \
+    '{token: $t, provider_name: $p, endpoint: $e, version: "grpcurl-test", capabilities: ["provision", "logs"], idempotency_key: $k}'
+}
+# join TOKEN PROVIDER KEY [ENDPOINT] — JoinAgent without an authorization
+# header, output in $OUT.
+join() {
+  run grpcurl -plaintext -d "$(join_body "$@")" "$ADDR" "$AR/JoinAgent"
+}
+# mint PROVIDER [MAX_USES] — a join token (admin), printed.
+mint() {
+  grpcurl -plaintext -H "authorization: Bearer $ADMIN" \
+    -d "{\"provider_name\": \"$1\", \"ttl\": \"600s\", \"max_uses\": ${2:-1}}" "$ADDR" "$AR/CreateJoinToken" | jq -er .token
+}
+# A datacenter of tenant t3 (created by the admin) on PROVIDER.
+create_dc_on() { # create_dc_on NAME PROVIDER
+  call "$ADMIN" CreateDatacenter "{\"datacenter\": {\"tenant_id\": \"t3\", \"name\": \"$1\", \"provider_name\": \"$2\"}}"
+}
+
+t_join_token_admin_only() {
+  fails_with PermissionDenied grpcurl -plaintext -H "authorization: Bearer $T1" -d '{"provider_name": "docker"}' "$ADDR" "$AR/CreateJoinToken"
+  contains 'system:admin'
+  fails_with PermissionDenied grpcurl -plaintext -H "authorization: Bearer $SYSTEM" -d '{"provider_name": "docker"}' "$ADDR" "$AR/CreateJoinToken"
+  fails_with Unauthenticated grpcurl -plaintext -d '{"provider_name": "docker"}' "$ADDR" "$AR/CreateJoinToken"
+  acall "$ADMIN" CreateJoinToken '{"provider_name": "docker", "ttl": "600s"}'
+  jq_true '.token | test("^jtk_[0-9a-z]{26}\\.[A-Za-z0-9_-]{20,}$")'
+  jq_true '.joinToken.id == (.token | split(".")[0]) and .joinToken.providerName == "docker" and .joinToken.maxUses == 1 and (.joinToken.uses // 0) == 0'
+  jq -r .token "$OUT" >"$WORK/docker-token"
+}
+check "CreateJoinToken: system:admin only (tenant, service -> PermissionDenied; none -> Unauthenticated)" t_join_token_admin_only
+DOCKER_TOKEN=$(cat "$WORK/docker-token" 2>/dev/null || echo jtk_missing.x)
+
+t_join_without_bearer() {
+  join "$DOCKER_TOKEN" docker grpcurl-docker-1 http://127.0.0.1:7499
+  jq_true '.agentId | test("^agt_[0-9a-z]{26}$")'
+  jq_true '.credential | test("^[A-Za-z0-9_-]+\\.[A-Za-z0-9_-]+\\.[A-Za-z0-9_-]+$")'
+  jq_true '.heartbeatInterval | test("^[0-9.]+s$")'
+  jq -r .agentId "$OUT" >"$WORK/docker-agent"
+  jq -r .credential "$OUT" >"$WORK/docker-credential"
+}
+check "JoinAgent with a join token and no authorization header" t_join_without_bearer
+DOCKER_AGENT=$(cat "$WORK/docker-agent" 2>/dev/null || echo agt_missing)
+DOCKER_CREDENTIAL=$(cat "$WORK/docker-credential" 2>/dev/null || echo missing)
+
+t_join_retry() {
+  join "$DOCKER_TOKEN" docker grpcurl-docker-1 http://127.0.0.1:7499
+  jq_true ".agentId == \"$DOCKER_AGENT\""
+}
+check "JoinAgent retried with the same idempotency key -> the same agent" t_join_retry
+
+t_join_reuse() {
+  fails_with PermissionDenied grpcurl -plaintext -d "$(join_body "$DOCKER_TOKEN" docker grpcurl-docker-2)" "$ADDR" "$AR/JoinAgent"
+  contains 'no uses left'
+}
+check "a single-use join token used again (another key) -> PermissionDenied" t_join_reuse
+
+t_join_forged() {
+  local id=${DOCKER_TOKEN%%.*}
+  fails_with Unauthenticated grpcurl -plaintext -d "$(join_body "$id.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA" docker forged-1)" "$ADDR" "$AR/JoinAgent"
+  contains 'invalid join token'
+  fails_with Unauthenticated grpcurl -plaintext -d "$(join_body "not-a-join-token" docker forged-2)" "$ADDR" "$AR/JoinAgent"
+  fails_with Unauthenticated grpcurl -plaintext -d "$(join_body "jtk_01h455vb4pex5vsknk084sn02q.secret" docker forged-3)" "$ADDR" "$AR/JoinAgent"
+  # A bearer token (even an admin's) is not a join token.
+  fails_with Unauthenticated grpcurl -plaintext -d "$(join_body "$ADMIN" docker forged-4)" "$ADDR" "$AR/JoinAgent"
+}
+check "a forged or unknown join token -> Unauthenticated" t_join_forged
+
+t_join_invalid() {
+  local token
+  token=$(mint docker)
+  fails_with InvalidArgument grpcurl -plaintext -d "$(join_body "$token" "Not A Label" bad-1 "ftp://x")" "$ADDR" "$AR/JoinAgent"
+  bad_request | jq -es '[.[0].fieldViolations[].field] | index("provider_name") and index("endpoint")' >/dev/null \
+    || { echo "expected decoded field violations for provider_name and endpoint"; return 1; }
+  # A token for docker does not admit a process agent.
+  fails_with PermissionDenied grpcurl -plaintext -d "$(join_body "$token" process bad-2)" "$ADDR" "$AR/JoinAgent"
+  contains 'docker'
+}
+check "JoinAgent: bad fields -> InvalidArgument (decoded); another provider -> PermissionDenied" t_join_invalid
+
+t_join_multi_use() {
+  local token
+  token=$(mint process 2)
+  join "$token" process grpcurl-process-1
+  join "$token" process grpcurl-process-2
+  fails_with PermissionDenied grpcurl -plaintext -d "$(join_body "$token" process grpcurl-process-3)" "$ADDR" "$AR/JoinAgent"
+}
+check "a join token with max_uses 2 admits two agents, not three" t_join_multi_use
+
+t_list_agents() {
+  acall "$ADMIN" ListAgents '{"provider_name": "docker"}'
+  jq_true ".agents | map(select(.id == \"$DOCKER_AGENT\")) | length == 1"
+  jq_true ".agents[] | select(.id == \"$DOCKER_AGENT\") | .providerName == \"docker\" and .endpoint == \"http://127.0.0.1:7499\" and .version == \"grpcurl-test\" and .capabilities == [\"provision\", \"logs\"] and .health == \"AGENT_HEALTH_HEALTHY\""
+  jq_true 'all(.agents[]; .providerName == "docker")'
+  acall "$ADMIN" ListAgents '{"page_size": 1}'
+  jq_true '(.agents | length) == 1 and (.nextPageToken | length) > 0'
+  acall "$ADMIN" GetAgent "{\"id\": \"$DOCKER_AGENT\"}"
+  jq_true ".agent.id == \"$DOCKER_AGENT\""
+  fails_with PermissionDenied grpcurl -plaintext -H "authorization: Bearer $T1" -d '{}' "$ADDR" "$AR/ListAgents"
+  fails_with NotFound grpcurl -plaintext -H "authorization: Bearer $ADMIN" -d '{"id": "agt_01h455vb4pex5vsknk084sn02q"}' "$ADDR" "$AR/GetAgent"
+}
+check "ListAgents / GetAgent show the agent (admin only)" t_list_agents
+
+t_heartbeat() {
+  acall "$DOCKER_CREDENTIAL" Heartbeat "{\"agent_id\": \"$DOCKER_AGENT\"}"
+  jq_true '.leaseExpireTime | length > 0'
+  # Only the agent's own credential.
+  fails_with PermissionDenied grpcurl -plaintext -H "authorization: Bearer $ADMIN" -d "{\"agent_id\": \"$DOCKER_AGENT\"}" "$ADDR" "$AR/Heartbeat"
+}
+check "Heartbeat with the agent's credential (not with another token)" t_heartbeat
+
+t_resolve() {
+  local token agent credential dc
+  token=$(mint resolve-test)
+  join "$token" resolve-test grpcurl-resolve-1 http://127.0.0.1:7498
+  agent=$(jq -r .agentId "$OUT")
+  credential=$(jq -r .credential "$OUT")
+  create_dc_on "Resolve 1" resolve-test
+  dc=$(jq -r .datacenter.id "$OUT")
+  acall "$credential" Heartbeat "{\"agent_id\": \"$agent\"}" # a fresh lease
+  call "$T3" ResolveProvider "{\"datacenter_id\": \"$dc\"}"
+  jq_true ".providerName == \"resolve-test\" and .agentId == \"$agent\" and .agentEndpoint == \"http://127.0.0.1:7498\""
+}
+T3=$(ctrlplane token --subject grpcurl-t3 --tenant t3 --ttl 1h)
+check "ResolveProvider returns the provider's joined agent" t_resolve
+
+t_revoke() {
+  local token agent credential dc
+  token=$(mint revoke-test)
+  join "$token" revoke-test grpcurl-revoke-1
+  agent=$(jq -r .agentId "$OUT")
+  credential=$(jq -r .credential "$OUT")
+  create_dc_on "Revoke 1" revoke-test
+  dc=$(jq -r .datacenter.id "$OUT")
+  fails_with PermissionDenied grpcurl -plaintext -H "authorization: Bearer $T3" -d "{\"id\": \"$agent\"}" "$ADDR" "$AR/RevokeAgent"
+  acall "$ADMIN" RevokeAgent "{\"id\": \"$agent\"}"
+  jq_true ".agent.id == \"$agent\" and .agent.health == \"AGENT_HEALTH_REVOKED\""
+  # Its credential stops working at once; its join cannot be replayed.
+  fails_with Unauthenticated grpcurl -plaintext -H "authorization: Bearer $credential" -d "{\"agent_id\": \"$agent\"}" "$ADDR" "$AR/Heartbeat"
+  fails_with Unauthenticated grpcurl -plaintext -d "$(join_body "$token" revoke-test grpcurl-revoke-1)" "$ADDR" "$AR/JoinAgent"
+  # Nothing serves the provider any more.
+  fails_with Unavailable grpcurl -plaintext -H "authorization: Bearer $T3" -d "{\"datacenter_id\": \"$dc\"}" "$ADDR" "$DC/ResolveProvider"
+  fails_with FailedPrecondition grpcurl -plaintext -H "authorization: Bearer $T3" \
+    -d '{"datacenter": {"name": "Revoke 2", "provider_name": "revoke-test"}}' "$ADDR" "$DC/CreateDatacenter"
+  contains 'no agent has registered for provider "revoke-test"'
+  acall "$ADMIN" GetAgent "{\"id\": \"$agent\"}"
+  jq_true '.agent.health == "AGENT_HEALTH_REVOKED"'
+}
+check "RevokeAgent: credential refused, join not replayable, provider unresolvable" t_revoke
+
+t_unregistered_provider() {
+  fails_with FailedPrecondition grpcurl -plaintext -H "authorization: Bearer $T1" \
+    -d '{"datacenter": {"name": "Kube 1", "provider_name": "kubernetes"}}' "$ADDR" "$DC/CreateDatacenter"
+  contains 'no agent has registered for provider "kubernetes"'
+  # Moving a datacenter to such a provider fails the same way.
+  create_dc_on "Move Me" docker
+  local dc
+  dc=$(jq -r .datacenter.id "$OUT")
+  fails_with FailedPrecondition grpcurl -plaintext -H "authorization: Bearer $T3" \
+    -d "{\"datacenter\": {\"id\": \"$dc\", \"provider_name\": \"kubernetes\"}, \"update_mask\": {\"paths\": [\"provider_name\"]}}" \
+    "$ADDR" "$DC/UpdateDatacenter"
+  contains '"kubernetes"'
+}
+check "CreateDatacenter / UpdateDatacenter onto a provider without an agent -> FailedPrecondition naming it" t_unregistered_provider
+
+t_provider_service_auth() {
+  [ "$AGENT_STARTED" = 1 ] || { echo "the README's process agent is not running"; return 1; }
+  run grpcurl -plaintext -H "authorization: Bearer $SYSTEM" "$AGENT_ADDR" "$PS/CheckHealth"
+  fails_with PermissionDenied grpcurl -plaintext -H "authorization: Bearer $T1" "$AGENT_ADDR" "$PS/GetInfo"
+  fails_with Unauthenticated grpcurl -plaintext "$AGENT_ADDR" "$PS/GetInfo"
+  acall "$ADMIN" CheckAgents '{}'
+  jq_true --arg e "http://$AGENT_ADDR" '.agents[] | select(.endpoint == $e) | .health == "AGENT_HEALTH_HEALTHY" and (.lastCheckedAt | length) > 0'
+  jq_true ".agents[] | select(.id == \"$DOCKER_AGENT\") | .health == \"AGENT_HEALTH_UNHEALTHY\" and (.lastError | length) > 0"
+}
+check "the process agent: ProviderService takes system tokens only; CheckAgents probes it healthy" t_provider_service_auth
 
 # --- datacenters ---------------------------------------------------------------------
 
@@ -347,8 +683,17 @@ t_invalid() {
   contains 'datacenter.name'
   contains 'datacenter.provider_name'
   contains 'datacenter.labels[bad key!]'
+  # grpcurl decodes the google.rpc.BadRequest detail (reflection serves its
+  # proto): one violation per bad field, each with a description.
+  contains '"@type":"type.googleapis.com/google.rpc.BadRequest"'
+  bad_request >"$WORK/bad.json"
+  jq -es 'length == 1' "$WORK/bad.json" >/dev/null || { echo "expected exactly one BadRequest detail"; return 1; }
+  jq -e '[.fieldViolations[].field] | sort == (["datacenter.labels[bad key!]", "datacenter.name", "datacenter.provider_name"] | sort)' "$WORK/bad.json" >/dev/null \
+    || { echo "expected field violations for exactly datacenter.name, .provider_name, .labels[bad key!]"; cat "$WORK/bad.json"; return 1; }
+  jq -e 'all(.fieldViolations[]; (.description | length) > 0)' "$WORK/bad.json" >/dev/null \
+    || { echo "every violation needs a description"; return 1; }
 }
-check "invalid input -> InvalidArgument naming every bad field" t_invalid
+check "invalid input -> InvalidArgument naming every bad field, decoded google.rpc.BadRequest details" t_invalid
 
 t_events() {
   call "$T1" ListDatacenterEvents "{\"datacenter_id\": \"$ID\"}"
@@ -423,21 +768,47 @@ check "data and change log survive a restart; watch resumes from the log" t_rest
 
 header "configuration"
 # One environment often serves several processes: the CLI's CP_TOKEN and
-# CP_DATACENTER_ADDR, another tool's CP_* variable. The server must start
-# anyway (only unknown *flags* are errors).
+# CP_DATACENTER_ADDR, the tests' CP_TEST_POSTGRES_URL, another tool's CP_*
+# variable. The server must start anyway (only unknown *flags* are errors).
 t_foreign_env() {
   local dir=$WORK/foreign port pid rc=0
   mkdir -p "$dir"
   port=$(free_port)
   env "${UNSET_CP[@]}" CP_LISTEN_ADDR="127.0.0.1:$port" CP_DATABASE_URL="sqlite://$dir/dc.db" CP_AUTH_SECRET="$DC_SECRET" \
     CP_TOKEN=some-token CP_DATACENTER_ADDR="http://127.0.0.1:$port" CP_SOMETHING_ELSE=1 \
+    CP_TEST_POSTGRES_URL="postgres://nobody@127.0.0.1:1/none" \
     "$CP_BIN_DIR/ctrlplane-datacenter" >"$dir/server.log" 2>&1 &
   pid=$!
   wait_serving "127.0.0.1:$port" "$pid" "$dir/server.log" || rc=1
   stop_pid "$pid"
   return $rc
 }
-check "starts with unrelated CP_* variables in the environment (CP_TOKEN, …)" t_foreign_env
+check "starts with unrelated CP_* variables in the environment (CP_TOKEN, CP_TEST_POSTGRES_URL, …)" t_foreign_env
+
+# The same without the clean-environment workaround: everything this script
+# has (under tests/run.sh that includes the real CP_TEST_POSTGRES_URL and
+# CP_AUTH_SECRET) plus a CLI token, as when a user starts the server from
+# the shell the README's examples ran in. Its log goes to a file, so it must
+# have no colour codes.
+t_inherited_env() {
+  local dir=$WORK/inherited port pid rc=0
+  mkdir -p "$dir"
+  port=$(free_port)
+  env CP_TOKEN="$T1" CP_TEST_POSTGRES_URL="${CP_TEST_POSTGRES_URL:-postgres://nobody@127.0.0.1:1/none}" \
+    CP_LISTEN_ADDR="127.0.0.1:$port" CP_DATABASE_URL="sqlite://$dir/dc.db" CP_AUTH_SECRET="$DC_SECRET" \
+    "$CP_BIN_DIR/ctrlplane-datacenter" >"$dir/server.log" 2>&1 &
+  pid=$!
+  wait_serving "127.0.0.1:$port" "$pid" "$dir/server.log" || rc=1
+  stop_pid "$pid"
+  [ $rc -eq 0 ] || return 1
+  if grep -q $'\x1b' "$dir/server.log"; then
+    echo "the log written to a file has ANSI escape codes:"
+    grep -m 3 $'\x1b' "$dir/server.log" | cat -v
+    return 1
+  fi
+  grep -q 'serving gRPC' "$dir/server.log" || { echo "no 'serving gRPC' line in the log"; cat "$dir/server.log"; return 1; }
+}
+check "starts with this shell's whole environment plus CP_TOKEN and CP_TEST_POSTGRES_URL; plain log" t_inherited_env
 
 t_unknown_flag() {
   if run env "${UNSET_CP[@]}" CP_AUTH_SECRET="$DC_SECRET" "$CP_BIN_DIR/ctrlplane-datacenter" --lisen-addr 127.0.0.1:0; then

@@ -228,3 +228,45 @@ stop_pid() {
   kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
 }
+
+# --- processes ------------------------------------------------------------------
+# (read from /proc: no procps needed)
+
+# child_pid PPID NAME_PREFIX — the pid of a child of PPID whose command name
+# (/proc/PID/comm, at most 15 characters) starts with NAME_PREFIX.
+child_pid() {
+  local ppid=$1 prefix=$2 p
+  for p in /proc/[0-9]*; do
+    [ "$(awk '/^PPid:/ { print $2 }' "$p/status" 2>/dev/null)" = "$ppid" ] || continue
+    case $(cat "$p/comm" 2>/dev/null) in "$prefix"*) printf '%s\n' "${p#/proc/}"; return 0 ;; esac
+  done
+  return 1
+}
+
+# workloads_under DIR — pids of the processes whose working directory is DIR
+# or below it (also when it has been deleted): the process agent runs every
+# workload in its instance directory under its state directory.
+workloads_under() {
+  local dir=$1 p cwd
+  [ -n "$dir" ] || return 0
+  for p in /proc/[0-9]*; do
+    cwd=$(readlink "$p/cwd" 2>/dev/null) || continue
+    case $cwd in "$dir" | "$dir/"* | "$dir (deleted)") printf '%s\n' "${p#/proc/}" ;; esac
+  done
+}
+
+# kill_workloads_under DIR — ends the processes workloads_under lists
+# (SIGTERM, SIGKILL after 5 s).
+kill_workloads_under() {
+  local pids i
+  mapfile -t pids < <(workloads_under "$1")
+  [ ${#pids[@]} -gt 0 ] || return 0
+  log "ending ${#pids[@]} leftover workload process(es) under $1: ${pids[*]}"
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  for i in $(seq 1 25); do
+    mapfile -t pids < <(workloads_under "$1")
+    [ ${#pids[@]} -gt 0 ] || return 0
+    sleep 0.2
+  done
+  kill -KILL "${pids[@]}" 2>/dev/null || true
+}

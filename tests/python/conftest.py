@@ -8,6 +8,13 @@ its absence is an error rather than a skip).
 
 Tokens are minted here with PyJWT from the secret the fixture starts the
 server with: HS256, claims sub, tenant_id, roles, iat, exp.
+
+A datacenter can only be created on a provider for which an agent has
+joined (FAILED_PRECONDITION otherwise), so the fixture joins one agent for
+each provider in AGENT_PROVIDERS through the generated AgentRegistryService
+stub, the way an agent does: an admin mints a join token (CreateJoinToken),
+the agent calls JoinAgent with it and no bearer token. Nothing listens at
+those agents' endpoints: they are registry entries only.
 """
 
 from __future__ import annotations
@@ -61,8 +68,17 @@ def _generate_stubs() -> None:
 _generate_stubs()
 sys.path.insert(0, str(GEN))
 
+from ctrlplane.agent.v1 import agent_pb2 as agent_pb  # noqa: E402
+from ctrlplane.agent.v1 import agent_pb2_grpc as agent_grpc  # noqa: E402
 from ctrlplane.datacenter.v1 import datacenter_pb2 as pb  # noqa: E402
 from ctrlplane.datacenter.v1 import datacenter_pb2_grpc as pb_grpc  # noqa: E402
+
+# Providers the tests create datacenters on; the fixture joins an agent for
+# each before any test runs.
+AGENT_PROVIDERS = ("process", "docker")
+# Where the fixture's agents say they listen (nothing does: port 9 is
+# "discard").
+AGENT_ENDPOINT = "http://127.0.0.1:9"
 
 
 def free_port() -> int:
@@ -130,6 +146,44 @@ class Server:
 
     def admin(self) -> "Client":
         return self.client(self.admin_token())
+
+    def registry(self) -> agent_grpc.AgentRegistryServiceStub:
+        """An AgentRegistryService stub (no token attached)."""
+        return agent_grpc.AgentRegistryServiceStub(self.channel())
+
+    def join_token(self, provider: str, max_uses: int = 0, ttl_seconds: int = 600) -> str:
+        """CreateJoinToken as system:admin; returns the secret token."""
+        from google.protobuf import duration_pb2
+
+        resp = self.registry().CreateJoinToken(
+            agent_pb.CreateJoinTokenRequest(
+                provider_name=provider, max_uses=max_uses, ttl=duration_pb2.Duration(seconds=ttl_seconds)
+            ),
+            metadata=[("authorization", f"Bearer {self.admin_token()}")],
+            timeout=30,
+        )
+        return resp.token
+
+    def join_agent(
+        self,
+        provider: str,
+        token: str | None = None,
+        idempotency_key: str | None = None,
+        endpoint: str = AGENT_ENDPOINT,
+    ) -> agent_pb.JoinAgentResponse:
+        """JoinAgent as an agent does: the join token, no bearer token. A
+        token is minted for the provider when none is given."""
+        return self.registry().JoinAgent(
+            agent_pb.JoinAgentRequest(
+                token=token if token is not None else self.join_token(provider),
+                provider_name=provider,
+                endpoint=endpoint,
+                version="pytest",
+                capabilities=["provision"],
+                idempotency_key=idempotency_key if idempotency_key is not None else uuid.uuid4().hex,
+            ),
+            timeout=30,
+        )
 
     def tenant(self, tenant: str | None = None) -> "Client":
         """A client for a fresh (or the given) tenant, without roles."""
@@ -233,6 +287,14 @@ def server(request, tmp_path_factory):
             time.sleep(0.1)
     finally:
         probe.close()
+
+    try:
+        for provider in AGENT_PROVIDERS:
+            srv.join_agent(provider)
+    except grpc.RpcError as err:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"joining a {provider} agent failed: {err.code().name}: {err.details()}\n{srv.log_tail()}")
 
     yield srv
 
