@@ -123,7 +123,6 @@ async fn sync_reports_agent_errors_per_row_without_drift() {
         .clone()
         .revoke_agent(ctrlplane_proto::agent::v1::RevokeAgentRequest {
             id: agents[0].id.clone(),
-            ..Default::default()
         })
         .await
         .unwrap();
