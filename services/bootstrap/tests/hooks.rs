@@ -13,7 +13,7 @@ use ctrlplane_bootstrap::plan::Kind;
 
 /// A timeout that a healthy hook on a loaded machine always meets, and a
 /// delay far beyond it.
-const HOOK_TIMEOUT: Duration = Duration::from_secs(2);
+const HOOK_TIMEOUT: Duration = Duration::from_secs(3);
 const HUNG: Duration = Duration::from_secs(120);
 
 async fn remote_hooks_keep_their_last_known_specs(backend: Backend) {
