@@ -46,6 +46,18 @@ pub const DB_MAX_CONNECTIONS: &str = "CP_DB_MAX_CONNECTIONS";
 pub const BOOTSTRAP_HOOKS_FILE: &str = "CP_BOOTSTRAP_HOOKS_FILE";
 /// Bootstrap: age after which unowned backend workloads are removed.
 pub const GC_GRACE: &str = "CP_GC_GRACE";
+/// Scheduler: periodic reconcile of every datacenter.
+pub const RECONCILE_INTERVAL: &str = "CP_RECONCILE_INTERVAL";
+/// Scheduler: status sync interval.
+pub const STATUS_SYNC_INTERVAL: &str = "CP_STATUS_SYNC_INTERVAL";
+/// Scheduler: garbage collection interval.
+pub const GC_INTERVAL: &str = "CP_GC_INTERVAL";
+/// Scheduler: resource sampling interval.
+pub const TELEMETRY_INTERVAL: &str = "CP_TELEMETRY_INTERVAL";
+/// Scheduler: agent health probe interval.
+pub const PROVIDER_HEALTH_INTERVAL: &str = "CP_PROVIDER_HEALTH_INTERVAL";
+/// Scheduler: leader lease length.
+pub const LEADER_LEASE: &str = "CP_LEADER_LEASE";
 
 /// Every name above with a one-line description, for `--help` output.
 pub const ALL: &[(&str, &str)] = &[
@@ -69,6 +81,12 @@ pub const ALL: &[(&str, &str)] = &[
     (DB_MAX_CONNECTIONS, "database pool size"),
     (BOOTSTRAP_HOOKS_FILE, "bootstrap rule/remote hooks file (JSON)"),
     (GC_GRACE, "grace period before unowned workloads are removed, e.g. 15m"),
+    (RECONCILE_INTERVAL, "scheduler: periodic reconcile of every datacenter (60s)"),
+    (STATUS_SYNC_INTERVAL, "scheduler: status sync interval (30s)"),
+    (GC_INTERVAL, "scheduler: garbage collection interval (5m)"),
+    (TELEMETRY_INTERVAL, "scheduler: resource sampling interval (60s)"),
+    (PROVIDER_HEALTH_INTERVAL, "scheduler: agent health probe interval (15s)"),
+    (LEADER_LEASE, "scheduler: leader lease length (15s)"),
 ];
 
 /// A configuration error; names the variable.
