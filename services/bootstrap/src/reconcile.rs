@@ -667,7 +667,12 @@ impl Reconciler {
                 row.applied_hash = Some(row.spec_hash.clone());
                 row.provider_ref = r.provider_ref;
                 row.service_refs = r.service_refs.into_iter().collect();
-                row.attempts = 0;
+                // A repaired drift keeps its count until a status sync sees
+                // the workload healthy (see `sync_status`), so a crash loop
+                // backs off; any other success starts over.
+                if !row.last_error.starts_with("drift:") {
+                    row.attempts = 0;
+                }
                 row.last_error.clear();
                 row.next_attempt_time = None;
                 row.lease_expire_time = None;

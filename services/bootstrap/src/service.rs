@@ -360,10 +360,27 @@ impl BootstrapService {
             };
             let drifted = drift.is_some();
             if let Some(message) = drift {
+                // Consecutive drifts back off (a workload that keeps
+                // crashing is not reinstalled on every sync); the first is
+                // repaired at once. `attempts` counts drifts until a sync
+                // sees the workload healthy again.
+                w.attempts += 1;
+                let delay = if w.attempts <= 1 {
+                    std::time::Duration::ZERO
+                } else {
+                    crate::reconcile::backoff(
+                        &w.id,
+                        w.attempts - 1,
+                        self.reconciler.config().backoff_base,
+                        self.reconciler.config().backoff_cap,
+                    )
+                };
                 w.state = State::Failed;
                 w.last_error = message.clone();
-                // Due now on the clock the planner compares it with.
-                w.next_attempt_time = Some(self.reconciler.now());
+                // Due on the clock the planner compares it with.
+                w.next_attempt_time = Some(
+                    self.reconciler.now() + chrono::Duration::from_std(delay).unwrap_or_default(),
+                );
                 w.update_time = crate::store::now();
                 self.store
                     .update(
@@ -377,6 +394,15 @@ impl BootstrapService {
                         )),
                     )
                     .await?;
+            }
+            let healthy = status
+                .as_ref()
+                .is_some_and(|st| st.state == pb::InstanceState::Running as i32 && st.ready);
+            if !drifted && healthy && w.attempts > 0 {
+                // Healthy again after drifts: the drift count starts over.
+                w.attempts = 0;
+                w.update_time = crate::store::now();
+                self.store.update(&w, None, None).await?;
             }
             out.push(SyncResult {
                 workload: w,
@@ -410,14 +436,21 @@ impl BootstrapService {
             match self.fetch(&dc_id).await {
                 Ok(Some(_)) => {}
                 Ok(None) => {
+                    let mut all_gone = true;
                     for row in self.store.workloads(&dc_id).await? {
                         match self.reconciler.retire(row.clone(), None).await {
                             Ok(_) => report.rows_retired += 1,
-                            Err(e) => report.errors.push(format!(
-                                "retiring {} of vanished datacenter {dc_id}: {e}",
-                                row.id
-                            )),
+                            Err(e) => {
+                                all_gone = false;
+                                report.errors.push(format!(
+                                    "retiring {} of vanished datacenter {dc_id}: {e}",
+                                    row.id
+                                ));
+                            }
                         }
+                    }
+                    if all_gone {
+                        self.store.forget_datacenter(&dc_id).await?;
                     }
                 }
                 Err(e) => report.errors.push(e.to_string()),

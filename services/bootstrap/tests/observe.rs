@@ -94,14 +94,45 @@ async fn drift_is_detected_and_repaired(backend: Backend) {
             (w.id.as_str(), w.state),
             (before.id.as_str(), State::Running)
         );
-        assert_eq!((w.attempts, w.last_error.as_str()), (0, ""));
+        // A repaired drift keeps its count until a sync sees it healthy.
+        let want = if name == "fine" { 0 } else { 1 };
+        assert_eq!((w.attempts, w.last_error.as_str()), (want, ""), "{name}");
     }
     let instances = agent.instances();
     assert_eq!(instances.len(), 3);
     assert!(instances.values().all(|i| !i.failed), "{instances:?}");
-    // Converged: a sync finds nothing more.
+    // Converged: a sync finds nothing more, and the drift counts start over.
     let results = env.svc.sync_status(&admin(), &dc.id).await.unwrap();
     assert!(results.iter().all(|r| !r.drifted), "{results:?}");
+    for name in ["gone", "broken", "fine"] {
+        assert_eq!(row(&env, &dc.id, name).await.attempts, 0, "{name}");
+    }
+
+    // A workload that keeps crashing is not reinstalled on every sync:
+    // consecutive drifts back off (the first is repaired at once).
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        agent
+            .state
+            .lock()
+            .unwrap()
+            .instances
+            .get_mut(&broken.id)
+            .unwrap()
+            .failed = true;
+        env.svc.sync_status(&admin(), &dc.id).await.unwrap();
+        let w = row(&env, &dc.id, "broken").await;
+        let wait = w.next_attempt_time.unwrap() - env.clock.now();
+        waits.push(wait.num_milliseconds());
+        env.clock
+            .advance(wait.to_std().unwrap_or_default() + std::time::Duration::from_millis(1));
+        reconcile(&env, &dc.id).await;
+        assert_eq!(row(&env, &dc.id, "broken").await.state, State::Running);
+    }
+    assert!(
+        waits[0] <= 0 && waits[1] > 0 && waits[2] > waits[1],
+        "{waits:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
