@@ -10,8 +10,12 @@ use clap::{Args, Parser, Subcommand};
 use ctrlplane_runtime::config::{BOOTSTRAP_ADDR, DATACENTER_ADDR, SCHEDULER_ADDR};
 
 use crate::cmd::agents::AgentsArgs;
+use crate::cmd::bootstrap::BootstrapArgs;
 use crate::cmd::datacenter::DatacenterArgs;
+use crate::cmd::events::EventsArgs;
 use crate::cmd::token::TokenArgs;
+use crate::cmd::up::UpArgs;
+use crate::cmd::workers::WorkersArgs;
 use crate::output::OutputFormat;
 
 /// Environment variable holding the bearer token.
@@ -23,7 +27,11 @@ const AFTER_HELP: &str = "\
 Settings are taken from the flag, else the environment variable, else the config file, else the default.
 The config file is JSON: {\"datacenter_addr\": \"…\", \"bootstrap_addr\": \"…\", \"scheduler_addr\": \"…\", \"token\": \"…\"}
 
-Getting started:
+Getting started (everything on this machine):
+  ctrlplane up --demo
+  ctrlplane dc list
+
+Or against services you run yourself:
   export CP_TOKEN=$(ctrlplane token --secret-file secret.txt --role system:admin)
   CP_JOIN_TOKEN=$(ctrlplane agents token --provider process) ctrlplane-agent-process &
   ctrlplane agents list
@@ -87,6 +95,16 @@ pub enum Command {
     /// Manage provider agents: join tokens, registered agents, health checks
     #[command(visible_alias = "agent")]
     Agents(AgentsArgs),
+    /// Bootstrap workloads: list, get, plan (dry run), retry
+    #[command(visible_alias = "bs")]
+    Bootstrap(BootstrapArgs),
+    /// The scheduler's workers: list, run now
+    #[command(visible_alias = "worker")]
+    Workers(WorkersArgs),
+    /// Stream bootstrap events
+    Events(EventsArgs),
+    /// Run the whole control plane on this machine (SQLite, process agent) until Ctrl-C
+    Up(UpArgs),
 }
 
 #[cfg(test)]

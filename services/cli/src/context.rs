@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ctrlplane_proto::agent::v1::agent_registry_service_client::AgentRegistryServiceClient;
+use ctrlplane_proto::bootstrap::v1::bootstrap_service_client::BootstrapServiceClient;
 use ctrlplane_proto::datacenter::v1::datacenter_service_client::DatacenterServiceClient;
+use ctrlplane_proto::scheduler::v1::scheduler_service_client::SchedulerServiceClient;
 use ctrlplane_runtime::client::{AuthedChannel, BearerInterceptor, authed_channel, normalize_addr};
 use ctrlplane_runtime::config::ports;
 use serde::Deserialize;
@@ -334,6 +336,27 @@ impl Context {
         Ok(AgentRegistryServiceClient::new(
             self.channel(Peer::Datacenter)?,
         ))
+    }
+
+    /// A `BootstrapService` client.
+    ///
+    /// # Errors
+    /// As [`Context::channel`].
+    pub fn bootstrap(&self) -> Result<BootstrapServiceClient<AuthedChannel>, CliError> {
+        Ok(BootstrapServiceClient::new(self.channel(Peer::Bootstrap)?))
+    }
+
+    /// A `SchedulerService` client.
+    ///
+    /// # Errors
+    /// As [`Context::channel`].
+    pub fn scheduler(&self) -> Result<SchedulerServiceClient<AuthedChannel>, CliError> {
+        Ok(SchedulerServiceClient::new(self.channel(Peer::Scheduler)?))
+    }
+
+    /// The call deadline (`--timeout`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Wraps a request message with the call deadline (sent to the server

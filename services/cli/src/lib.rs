@@ -7,7 +7,8 @@
 //! - [`cli`]: the command tree and the global options;
 //! - [`context`]: addresses, token and config file resolution, and the gRPC
 //!   clients every server-facing command gets from it;
-//! - [`cmd`]: the commands (`token`, `datacenter`, `agents`);
+//! - [`cmd`]: the commands (`token`, `datacenter`, `agents`, `bootstrap`,
+//!   `workers`, `events`, `up`);
 //! - [`input`]: `KEY=VALUE` flags and proto-JSON input files;
 //! - [`output`]: tables, `Key: value` views, proto JSON;
 //! - [`error`]: the error type and how failures (gRPC statuses with their
@@ -49,5 +50,18 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
             let mut err = std::io::stderr().lock();
             cmd::agents::run(&ctx, args, cli.global.output, out, &mut err).await
         }
+        Command::Bootstrap(args) => {
+            let ctx = Context::from_global(&cli.global)?;
+            cmd::bootstrap::run(&ctx, args, cli.global.output, out).await
+        }
+        Command::Workers(args) => {
+            let ctx = Context::from_global(&cli.global)?;
+            cmd::workers::run(&ctx, args, cli.global.output, out).await
+        }
+        Command::Events(args) => {
+            let ctx = Context::from_global(&cli.global)?;
+            cmd::events::run(&ctx, args, cli.global.output, out).await
+        }
+        Command::Up(args) => cmd::up::run(&cli.global, args, out).await,
     }
 }

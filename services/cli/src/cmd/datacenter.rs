@@ -102,6 +102,16 @@ pub struct CreateArgs {
     /// merged
     #[arg(long, value_name = "FILE")]
     pub from_file: Option<PathBuf>,
+
+    /// After creating, show each bootstrap service's state live until all
+    /// run (exit 0) or one fails (exit 1)
+    #[arg(long)]
+    pub wait: bool,
+
+    /// With --wait: give up after this long (exit 1)
+    #[arg(long, default_value = "5m", value_name = "DURATION", requires = "wait",
+          value_parser = crate::input::parse_positive_duration)]
+    pub wait_timeout: std::time::Duration,
 }
 
 /// Arguments of `ctrlplane datacenter get`.
@@ -605,7 +615,31 @@ pub async fn run(
             let resp = ctx
                 .call(DC, client.create_datacenter(ctx.request(req)))
                 .await?;
-            print_one(out, format, &one(resp.datacenter)?)
+            let dc = one(resp.datacenter)?;
+            print_one(out, format, &dc)?;
+            if a.wait {
+                let expected: Vec<String> = dc
+                    .bootstrap_services
+                    .iter()
+                    .map(|s| s.name.clone())
+                    .collect();
+                // In JSON mode the progress goes to stderr, keeping stdout
+                // one JSON document.
+                let mut stderr = std::io::stderr().lock();
+                let progress: &mut dyn Write = match format {
+                    OutputFormat::Table => out,
+                    OutputFormat::Json => &mut stderr,
+                };
+                crate::cmd::bootstrap::wait_until_settled(
+                    ctx,
+                    &dc.id,
+                    &expected,
+                    a.wait_timeout,
+                    progress,
+                )
+                .await?;
+            }
+            Ok(())
         }
         DatacenterCommand::Get(a) => {
             let mut client = ctx.datacenter()?;

@@ -3,5 +3,9 @@
 //! and prints the results.
 
 pub mod agents;
+pub mod bootstrap;
 pub mod datacenter;
+pub mod events;
 pub mod token;
+pub mod up;
+pub mod workers;
