@@ -307,6 +307,27 @@ impl Job for Watcher {
                 .into_inner();
             tracing::info!(since, "watching datacenters");
             let permits = Arc::new(tokio::sync::Semaphore::new(peers.concurrency.max(1)));
+            if since == 0 {
+                // Watching "from now": whatever changed before the stream
+                // opened is caught by one pass over every datacenter, so
+                // nothing slips between a listing and the watch.
+                let peers = peers.clone();
+                tokio::spawn(async move {
+                    match peers.all_datacenters().await {
+                        Ok(dcs) => {
+                            let _ = peers
+                                .for_each(dcs, "catch-up reconciles", |p, dc| async move {
+                                    p.reconcile(&dc).await
+                                })
+                                .await
+                                .map_err(
+                                    |e| tracing::warn!(error = %e, "catch-up reconcile failed"),
+                                );
+                        }
+                        Err(e) => tracing::warn!(error = %e, "catch-up listing failed"),
+                    }
+                });
+            }
             loop {
                 match stream.message().await {
                     Ok(Some(resp)) => {
