@@ -48,6 +48,8 @@ pub fn duration(d: Option<&pbjson_types::Duration>) -> String {
     let ms = d.seconds.saturating_mul(1000) + i64::from(d.nanos) / 1_000_000;
     if ms < 1000 {
         format!("{ms}ms")
+    } else if ms % 60_000 == 0 {
+        format!("{}m", ms / 60_000)
     } else if ms % 1000 == 0 {
         format!("{}s", ms / 1000)
     } else {
@@ -173,7 +175,8 @@ mod tests {
         let d = |seconds, nanos| Some(pbjson_types::Duration { seconds, nanos });
         assert_eq!(duration(None), "-");
         assert_eq!(duration(d(0, 250_000_000).as_ref()), "250ms");
-        assert_eq!(duration(d(60, 0).as_ref()), "60s");
+        assert_eq!(duration(d(60, 0).as_ref()), "1m");
+        assert_eq!(duration(d(15, 0).as_ref()), "15s");
         assert_eq!(duration(d(1, 500_000_000).as_ref()), "1.5s");
     }
 
