@@ -19,8 +19,8 @@ use ctrlplane_proto::provider::v1::{Endpoint, ResourceUsage};
 
 use sea_orm::ActiveValue::Set;
 use sea_orm::{
-    ColumnTrait, Condition, ConnectionTrait, DatabaseConnection, DatabaseTransaction, EntityTrait,
-    QueryFilter, QueryOrder, QuerySelect, Statement, TransactionTrait,
+    ColumnTrait, Condition, DatabaseConnection, DatabaseTransaction, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect, TransactionTrait,
 };
 use tokio::sync::watch;
 
@@ -362,26 +362,11 @@ impl Store {
     /// # Errors
     /// Database failures.
     pub async fn current_sequence(&self) -> Result<i64> {
-        let row = self
-            .db
-            .query_one_raw(Statement::from_string(
-                self.db.get_database_backend(),
-                "SELECT value FROM bootstrap_sequence WHERE id = 1",
-            ))
-            .await?
-            .ok_or_else(|| Error::Corrupt("bootstrap_sequence row missing".into()))?;
-        Ok(row.try_get_by_index::<i64>(0)?)
+        Ok(ctrlplane_runtime::db::read_counter(&self.db, "bootstrap_sequence").await?)
     }
 
     async fn bump(txn: &DatabaseTransaction) -> Result<i64> {
-        let row = txn
-            .query_one_raw(Statement::from_string(
-                txn.get_database_backend(),
-                "UPDATE bootstrap_sequence SET value = value + 1 WHERE id = 1 RETURNING value",
-            ))
-            .await?
-            .ok_or_else(|| Error::Corrupt("bootstrap_sequence row missing".into()))?;
-        Ok(row.try_get_by_index::<i64>(0)?)
+        Ok(ctrlplane_runtime::db::bump_counter(txn, "bootstrap_sequence").await?)
     }
 
     async fn insert_event(

@@ -216,10 +216,16 @@ impl Rpc for DatacenterGrpc {
         let caller = caller(&req)?;
         let r = req.get_ref();
         let (provider_name, agent) = if r.datacenter_id.is_empty() && !r.provider_name.is_empty() {
-            let agent = self.service.resolve_provider_name(&caller, &r.provider_name).await?;
+            let agent = self
+                .service
+                .resolve_provider_name(&caller, &r.provider_name)
+                .await?;
             (r.provider_name.clone(), agent)
         } else {
-            let (dc, agent) = self.service.resolve_provider(&caller, &r.datacenter_id).await?;
+            let (dc, agent) = self
+                .service
+                .resolve_provider(&caller, &r.datacenter_id)
+                .await?;
             (dc.provider_name, agent)
         };
         Ok(Response::new(pb::ResolveProviderResponse {

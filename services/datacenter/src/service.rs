@@ -535,7 +535,11 @@ impl DatacenterService {
     /// # Errors
     /// `PermissionDenied` for tenants; `Unavailable` saying why no agent
     /// qualifies.
-    pub async fn resolve_provider_name(&self, caller: &Caller, provider_name: &str) -> Result<ResolvedAgent> {
+    pub async fn resolve_provider_name(
+        &self,
+        caller: &Caller,
+        provider_name: &str,
+    ) -> Result<ResolvedAgent> {
         if !caller.is_system() {
             return Err(Error::PermissionDenied(
                 "resolving a provider by name needs a system:admin or system:service token".into(),

@@ -20,9 +20,8 @@ use chrono::{DateTime, Utc};
 use ctrlplane_proto::datacenter::v1 as pb;
 use sea_orm::sea_query::{Expr, Query};
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, ConnectionTrait, DatabaseConnection,
-    DatabaseTransaction, DbErr, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect,
-    Statement, TransactionTrait,
+    ActiveValue::Set, ColumnTrait, Condition, DatabaseConnection, DatabaseTransaction, DbErr,
+    EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, TransactionTrait,
 };
 use tokio::sync::watch;
 
@@ -178,26 +177,11 @@ impl Store {
     /// # Errors
     /// Database failures.
     pub async fn current_revision(&self) -> Result<i64> {
-        let row = self
-            .db
-            .query_one_raw(Statement::from_string(
-                self.db.get_database_backend(),
-                "SELECT value FROM datacenter_revision WHERE id = 1",
-            ))
-            .await?
-            .ok_or_else(|| Error::Corrupt("datacenter_revision row missing".into()))?;
-        Ok(row.try_get_by_index::<i64>(0)?)
+        Ok(ctrlplane_runtime::db::read_counter(&self.db, "datacenter_revision").await?)
     }
 
     async fn bump_revision(txn: &DatabaseTransaction) -> Result<i64> {
-        let row = txn
-            .query_one_raw(Statement::from_string(
-                txn.get_database_backend(),
-                "UPDATE datacenter_revision SET value = value + 1 WHERE id = 1 RETURNING value",
-            ))
-            .await?
-            .ok_or_else(|| Error::Corrupt("datacenter_revision row missing".into()))?;
-        Ok(row.try_get_by_index::<i64>(0)?)
+        Ok(ctrlplane_runtime::db::bump_counter(txn, "datacenter_revision").await?)
     }
 
     /// One datacenter by id (no visibility check).

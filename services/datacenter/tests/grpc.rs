@@ -159,6 +159,7 @@ async fn every_rpc_over_a_socket() {
     let resolved = c
         .resolve_provider(pb::ResolveProviderRequest {
             datacenter_id: created.id.clone(),
+            provider_name: String::new(),
         })
         .await
         .unwrap()
@@ -166,6 +167,25 @@ async fn every_rpc_over_a_socket() {
     assert_eq!(resolved.provider_name, "process");
     assert_eq!(resolved.agent_endpoint, "http://127.0.0.1:7401");
     assert!(resolved.agent_id.starts_with("agt_"));
+    // Platform callers may resolve a provider by name (for rows whose
+    // datacenter is gone); tenants may not.
+    let by_name = c
+        .resolve_provider(pb::ResolveProviderRequest {
+            datacenter_id: String::new(),
+            provider_name: "process".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(by_name.agent_id, resolved.agent_id);
+    let err = client(&s, "u", "t1", &[])
+        .resolve_provider(pb::ResolveProviderRequest {
+            datacenter_id: String::new(),
+            provider_name: "process".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
 
     let deleted = c
         .delete_datacenter(pb::DeleteDatacenterRequest {

@@ -57,3 +57,48 @@ pub async fn connect(cfg: &DatabaseConfig) -> Result<DatabaseConnection, DbErr> 
         ))
     })
 }
+
+/// Reads a one-row counter table (`id = 1`, `value`), as the services use
+/// for change revisions and event sequences.
+///
+/// # Errors
+/// Database failures, or the row is missing.
+pub async fn read_counter(conn: &impl sea_orm::ConnectionTrait, table: &str) -> Result<i64, DbErr> {
+    counter(
+        conn,
+        &format!("SELECT value FROM {table} WHERE id = 1"),
+        table,
+    )
+    .await
+}
+
+/// Increments a one-row counter table and returns the new value. Run as the
+/// first statement of a write transaction it serialises writers: SQLite
+/// takes its write lock, Postgres the row's lock, so transactions commit in
+/// counter order.
+///
+/// # Errors
+/// Database failures, or the row is missing.
+pub async fn bump_counter(conn: &impl sea_orm::ConnectionTrait, table: &str) -> Result<i64, DbErr> {
+    counter(
+        conn,
+        &format!("UPDATE {table} SET value = value + 1 WHERE id = 1 RETURNING value"),
+        table,
+    )
+    .await
+}
+
+async fn counter(
+    conn: &impl sea_orm::ConnectionTrait,
+    sql: &str,
+    table: &str,
+) -> Result<i64, DbErr> {
+    let row = conn
+        .query_one_raw(sea_orm::Statement::from_string(
+            conn.get_database_backend(),
+            sql,
+        ))
+        .await?
+        .ok_or_else(|| DbErr::Custom(format!("counter row of {table} is missing")))?;
+    row.try_get_by_index::<i64>(0)
+}

@@ -214,7 +214,9 @@ impl AgentRegistry {
         if caller.is_system() {
             Ok(())
         } else {
-            Err(denied("this call needs a system:admin or system:service token"))
+            Err(denied(
+                "this call needs a system:admin or system:service token",
+            ))
         }
     }
 
