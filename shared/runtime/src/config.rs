@@ -79,13 +79,31 @@ pub const ALL: &[(&str, &str)] = &[
     (STATE_DIR, "agent state directory"),
     (SHUTDOWN_GRACE, "drain time after SIGTERM, e.g. 10s"),
     (DB_MAX_CONNECTIONS, "database pool size"),
-    (BOOTSTRAP_HOOKS_FILE, "bootstrap rule/remote hooks file (JSON)"),
-    (GC_GRACE, "grace period before unowned workloads are removed, e.g. 15m"),
-    (RECONCILE_INTERVAL, "scheduler: periodic reconcile of every datacenter (60s)"),
-    (STATUS_SYNC_INTERVAL, "scheduler: status sync interval (30s)"),
+    (
+        BOOTSTRAP_HOOKS_FILE,
+        "bootstrap rule/remote hooks file (JSON)",
+    ),
+    (
+        GC_GRACE,
+        "grace period before unowned workloads are removed, e.g. 15m",
+    ),
+    (
+        RECONCILE_INTERVAL,
+        "scheduler: periodic reconcile of every datacenter (60s)",
+    ),
+    (
+        STATUS_SYNC_INTERVAL,
+        "scheduler: status sync interval (30s)",
+    ),
     (GC_INTERVAL, "scheduler: garbage collection interval (5m)"),
-    (TELEMETRY_INTERVAL, "scheduler: resource sampling interval (60s)"),
-    (PROVIDER_HEALTH_INTERVAL, "scheduler: agent health probe interval (15s)"),
+    (
+        TELEMETRY_INTERVAL,
+        "scheduler: resource sampling interval (60s)",
+    ),
+    (
+        PROVIDER_HEALTH_INTERVAL,
+        "scheduler: agent health probe interval (15s)",
+    ),
     (LEADER_LEASE, "scheduler: leader lease length (15s)"),
 ];
 
