@@ -50,6 +50,7 @@ pub const SETTINGS: &[&str] = &[
     config::DATACENTER_ADDR,
     config::BOOTSTRAP_HOOKS_FILE,
     config::GC_GRACE,
+    config::BOOTSTRAP_LEASE_TTL,
 ];
 
 /// Default bind address.
@@ -84,6 +85,7 @@ impl Config {
     pub fn from_settings(s: &Settings) -> Result<Self, ConfigError> {
         s.check_known(SETTINGS)?;
         let defaults = service::ServiceConfig::default();
+        let reconcile_defaults = reconcile::ReconcileConfig::default();
         Ok(Config {
             server: ServerConfig::from_settings(s, default_addr())?,
             auth: AuthConfig::from_settings(s)?,
@@ -92,7 +94,11 @@ impl Config {
             hooks_file: s
                 .get(config::BOOTSTRAP_HOOKS_FILE)
                 .map(std::path::PathBuf::from),
-            reconcile: reconcile::ReconcileConfig::default(),
+            reconcile: reconcile::ReconcileConfig {
+                lease_ttl: s
+                    .duration_or(config::BOOTSTRAP_LEASE_TTL, reconcile_defaults.lease_ttl)?,
+                ..reconcile_defaults
+            },
             service: service::ServiceConfig {
                 gc_grace: s.duration_or(config::GC_GRACE, defaults.gc_grace)?,
                 ..defaults

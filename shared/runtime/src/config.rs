@@ -46,6 +46,9 @@ pub const DB_MAX_CONNECTIONS: &str = "CP_DB_MAX_CONNECTIONS";
 pub const BOOTSTRAP_HOOKS_FILE: &str = "CP_BOOTSTRAP_HOOKS_FILE";
 /// Bootstrap: age after which unowned backend workloads are removed.
 pub const GC_GRACE: &str = "CP_GC_GRACE";
+/// Bootstrap: lease of a datacenter reconcile and of a row while an agent
+/// call is in flight (a crashed replica's work is taken over after it).
+pub const BOOTSTRAP_LEASE_TTL: &str = "CP_BOOTSTRAP_LEASE_TTL";
 /// Scheduler: periodic reconcile of every datacenter.
 pub const RECONCILE_INTERVAL: &str = "CP_RECONCILE_INTERVAL";
 /// Scheduler: status sync interval.
@@ -86,6 +89,10 @@ pub const ALL: &[(&str, &str)] = &[
     (
         GC_GRACE,
         "grace period before unowned workloads are removed, e.g. 15m",
+    ),
+    (
+        BOOTSTRAP_LEASE_TTL,
+        "bootstrap: reconcile and in-flight row lease (60s)",
     ),
     (
         RECONCILE_INTERVAL,
