@@ -396,6 +396,20 @@ mod tests {
     }
 
     #[test]
+    fn the_example_rules_file_loads() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/examples/hooks/rules.json");
+        let f = HooksFile::load(&path).unwrap();
+        let names: Vec<&str> = f.rules.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["node-agent", "cert-manager"]);
+        let process = DatacenterInfo {
+            provider_name: "process".into(),
+            ..Default::default()
+        };
+        assert!(f.rules[0].selector.matches(&process) && !f.rules[1].selector.matches(&process));
+    }
+
+    #[test]
     fn hooks_files_are_validated() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("hooks.json");
