@@ -8,7 +8,12 @@
 //!   from a provider without them) — never a fake success;
 //! - requests are validated before the provider sees them: instance ids,
 //!   names, kinds, labels and the services (the shared rules of
-//!   `ctrlplane_core::validate`), reporting every bad field.
+//!   `ctrlplane_core::validate`), reporting every bad field;
+//! - calls that change the backend (provision, deprovision, start, stop,
+//!   restart, deploy, rollback, scale) run in a task of their own, so a
+//!   caller that goes away (a timeout, a killed control-plane process)
+//!   never cancels a change half-way and leaves the backend between two
+//!   states; the caller's retry then finds the finished result.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -136,6 +141,19 @@ fn duration(d: &Option<ctrlplane_proto::pbjson_types::Duration>) -> Option<Resul
     })
 }
 
+/// Runs a backend-changing provider call to completion even if the caller
+/// goes away (see the module docs).
+async fn detached<T, F>(call: F) -> Result<T, Status>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T, ProviderError>> + Send + 'static,
+{
+    tokio::spawn(call)
+        .await
+        .map_err(|e| Status::internal(format!("provider task failed: {e}")))?
+        .map_err(Status::from)
+}
+
 type LogsStream =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::StreamLogsResponse, Status>> + Send>>;
 
@@ -184,7 +202,10 @@ impl<P: Provider> ProviderService for ProviderGrpc<P> {
         {
             self.require(Capability::Gpu)?;
         }
-        Ok(Response::new(self.provider.provision(req).await?))
+        let p = self.provider.clone();
+        Ok(Response::new(
+            detached(async move { p.provision(req).await }).await?,
+        ))
     }
 
     async fn deprovision(
@@ -194,10 +215,9 @@ impl<P: Provider> ProviderService for ProviderGrpc<P> {
         require_system(&req)?;
         self.require(Capability::Provision)?;
         instance(&req.get_ref().instance_id)?;
+        let (p, id) = (self.provider.clone(), req.into_inner().instance_id);
         Ok(Response::new(
-            self.provider
-                .deprovision(&req.get_ref().instance_id)
-                .await?,
+            detached(async move { p.deprovision(&id).await }).await?,
         ))
     }
 
@@ -208,7 +228,8 @@ impl<P: Provider> ProviderService for ProviderGrpc<P> {
         require_system(&req)?;
         self.require(Capability::Provision)?;
         instance(&req.get_ref().instance_id)?;
-        let status = self.provider.start(&req.get_ref().instance_id).await?;
+        let (p, id) = (self.provider.clone(), req.into_inner().instance_id);
+        let status = detached(async move { p.start(&id).await }).await?;
         Ok(Response::new(pb::StartResponse {
             status: Some(status),
         }))
@@ -235,7 +256,8 @@ impl<P: Provider> ProviderService for ProviderGrpc<P> {
             }
         };
         v.into_result().map_err(|v| v.to_status())?;
-        let status = self.provider.stop(&r.instance_id, grace).await?;
+        let (p, id) = (self.provider.clone(), r.instance_id.clone());
+        let status = detached(async move { p.stop(&id, grace).await }).await?;
         Ok(Response::new(pb::StopResponse {
             status: Some(status),
         }))
@@ -249,8 +271,16 @@ impl<P: Provider> ProviderService for ProviderGrpc<P> {
         self.require(Capability::Provision)?;
         let r = req.get_ref();
         instance(&r.instance_id)?;
-        let service = Some(r.service_name.as_str()).filter(|s| !s.is_empty());
-        let status = self.provider.restart(&r.instance_id, service).await?;
+        let (p, id, service) = (
+            self.provider.clone(),
+            r.instance_id.clone(),
+            r.service_name.clone(),
+        );
+        let status = detached(async move {
+            let service = Some(service.as_str()).filter(|s| !s.is_empty());
+            p.restart(&id, service).await
+        })
+        .await?;
         Ok(Response::new(pb::RestartResponse {
             status: Some(status),
         }))
@@ -297,7 +327,10 @@ impl<P: Provider> ProviderService for ProviderGrpc<P> {
             Ok(pb::DeployStrategy::Canary) => self.require(Capability::StrategyCanary)?,
             _ => {}
         }
-        Ok(Response::new(self.provider.deploy(r).await?))
+        let p = self.provider.clone();
+        Ok(Response::new(
+            detached(async move { p.deploy(r).await }).await?,
+        ))
     }
 
     async fn rollback(
@@ -307,8 +340,9 @@ impl<P: Provider> ProviderService for ProviderGrpc<P> {
         require_system(&req)?;
         self.require(Capability::Deploy)?;
         instance(&req.get_ref().instance_id)?;
+        let (p, r) = (self.provider.clone(), req.into_inner());
         Ok(Response::new(
-            self.provider.rollback(req.into_inner()).await?,
+            detached(async move { p.rollback(r).await }).await?,
         ))
     }
 
@@ -344,7 +378,8 @@ impl<P: Provider> ProviderService for ProviderGrpc<P> {
             }
         }
         v.into_result().map_err(|v| v.to_status())?;
-        let status = self.provider.scale(r).await?;
+        let p = self.provider.clone();
+        let status = detached(async move { p.scale(r).await }).await?;
         Ok(Response::new(pb::ScaleResponse {
             status: Some(status),
         }))

@@ -245,7 +245,6 @@ async fn kill_minus_9_during_reconciles() {
         });
     eprintln!("kill_minus_9_during_reconciles: seed {seed} (replay with CP_E2E_SEED={seed})");
     let mut rng = StdRng::seed_from_u64(seed);
-    let deploy_updates = std::env::var("CP_E2E_DEPLOY_UPDATES").is_ok_and(|v| v == "1");
     let mut s = Stack::start(
         bins,
         Options {
@@ -288,14 +287,10 @@ async fn kill_minus_9_during_reconciles() {
         let target = live[rng.random_range(0..live.len())].clone();
         {
             let svcs = w.live.get_mut(&target).unwrap();
-            // In-place updates (Deploy at the agent) are off by default:
-            // a Deploy cut short by the caller's death leaves the instance
-            // with no process while its row stays running (agent-process
-            // `deploy` records the release before `roll` finishes and is
-            // not cancel-safe) — see the report of this test. Set
-            // CP_E2E_DEPLOY_UPDATES=1 to include them.
-            let first = if deploy_updates { 0 } else { 1 };
-            match rng.random_range(first..3) {
+            // Updates in place (Deploy at the agent) are included: a caller
+            // killed mid-Deploy must not leave the agent between releases
+            // (the agent's server finishes backend changes on its own).
+            match rng.random_range(0..3) {
                 // New VERSION of one (update in place).
                 0 => {
                     if let Some(v) = svcs.get_mut("a") {
