@@ -8,6 +8,7 @@
 //! and `list_managed` pages through what it holds.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,12 +26,18 @@ struct Instance {
 #[derive(Clone, Default)]
 pub struct FastAgent {
     instances: Arc<Mutex<BTreeMap<String, Instance>>>,
+    provisions: Arc<AtomicU64>,
 }
 
 impl FastAgent {
     /// Instances currently held.
     pub fn len(&self) -> usize {
         self.lock().len()
+    }
+
+    /// `Provision` calls received.
+    pub fn provisions(&self) -> u64 {
+        self.provisions.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Instance>> {
@@ -78,6 +85,7 @@ impl Provider for FastAgent {
         &self,
         req: pb::ProvisionRequest,
     ) -> Result<pb::ProvisionResponse, ProviderError> {
+        self.provisions.fetch_add(1, Ordering::Relaxed);
         self.lock()
             .entry(req.instance_id.clone())
             .or_insert_with(|| Instance {

@@ -77,6 +77,11 @@ struct Args {
     /// A short run: smaller defaults.
     #[arg(long)]
     quick: bool,
+    /// The scheduler's leader lease (`CP_LEADER_LEASE`). Long by default:
+    /// each renewal currently re-runs every periodic worker at once (see
+    /// the README), which would run resyncs during the measurements.
+    #[arg(long, default_value = "1h")]
+    leader_lease: String,
     /// Upper bound of every wait, in seconds.
     #[arg(long, default_value_t = 900)]
     timeout: u64,
@@ -144,14 +149,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "\n[1/2] create → all running: {datacenters} datacenters × {} services",
             args.services
         );
-        let stack = Stack::start(&db, timeout).await?;
+        let stack = Stack::start(&db, &args.leader_lease, timeout).await?;
         let r = latency(&stack, datacenters, args.services, concurrency, timeout).await;
         stack.stop().await;
         report.push_str(&r?);
     }
     if !sizes.is_empty() {
         eprintln!("\n[2/2] no-op resync over {sizes:?} datacenters");
-        let stack = Stack::start(&db, timeout).await?;
+        let stack = Stack::start(&db, &args.leader_lease, timeout).await?;
         let r = resync(&stack, &sizes, args.services, timeout).await;
         stack.stop().await;
         report.push_str(&r?);
@@ -181,7 +186,7 @@ fn header(args: &Args, db: &Database, datacenters: usize, sizes: &[usize]) -> St
          machine: {cores} cores ({cpu}), {} {}, build profile: {profile}\n\
          database: {}\n\
          parameters: --datacenters {datacenters} --services {} --concurrency {} \
-         --resync-sizes {} --timeout {}{}\n",
+         --resync-sizes {} --leader-lease {} --timeout {}{}\n",
         env!("CARGO_PKG_VERSION"),
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
         std::env::consts::OS,
@@ -194,6 +199,7 @@ fn header(args: &Args, db: &Database, datacenters: usize, sizes: &[usize]) -> St
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(","),
+        args.leader_lease,
         args.timeout,
         if args.quick { " --quick" } else { "" },
     )
@@ -292,14 +298,17 @@ async fn latency(
     out.push_str(&format!(
         "\nall {datacenters} created in {}; all running after {}: \
          throughput {:.1} datacenters/s ({:.1} workloads/s); \
-         {} bootstrap events, {} `failed`; fast agent holds {} instances\n",
+         {} bootstrap events, {} `failed`; fast agent: {} provisions, {} instances\n\
+         scheduler worker runs since start (1 = only the run at start): {}\n",
         fmt(created_in),
         fmt(total),
         per_sec(datacenters, total),
         per_sec(workloads, total),
         counts.events,
         counts.failed,
+        stack.agent.provisions(),
         stack.agent.len(),
+        stack.worker_runs().await?,
     ));
     Ok(out)
 }
@@ -329,7 +338,7 @@ async fn resync(
         have = n;
         // The last watch-driven reconciles may still be writing.
         tracker.wait_quiet(Duration::from_secs(1), timeout).await?;
-        let before = (tracker.counts(), stack.agent.len());
+        let before = (tracker.counts(), stack.agent.provisions());
         eprintln!("  {n} converged in {}; running the reconciler", fmt(setup));
         let mut req = tonic::Request::new(scpb::RunWorkerRequest {
             name: "reconciler".into(),
@@ -355,7 +364,7 @@ async fn resync(
         }
         // Anything the pass caused would show up as events shortly after.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let after = (tracker.counts(), stack.agent.len());
+        let after = (tracker.counts(), stack.agent.provisions());
         let server = info
             .last_duration
             .map(|d| {
@@ -371,11 +380,16 @@ async fn resync(
             fmt(pass),
             fmt(pass / u32::try_from(n).unwrap_or(u32::MAX)),
             after.0.events - before.0.events,
-            after.1.saturating_sub(before.1),
+            after.1 - before.1,
         );
         eprint!("  {line}");
         out.push_str(&line);
     }
+    out.push_str(&format!(
+        "\nscheduler worker runs since start (1 at start + {} RunWorker for the reconciler): {}\n",
+        sizes.len(),
+        stack.worker_runs().await?
+    ));
     Ok(out)
 }
 

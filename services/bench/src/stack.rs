@@ -130,10 +130,20 @@ impl Stack {
     /// Starts every service and joins the fast agent; returns once the
     /// scheduler leads.
     ///
+    /// `leader_lease` is the scheduler's `CP_LEADER_LEASE`: every lease
+    /// renewal (each third of it) currently wakes every worker loop, which
+    /// then runs again at once whatever its interval, so the benchmark
+    /// uses a long lease by default to keep periodic runs out of the
+    /// measurements.
+    ///
     /// # Errors
     /// A service failing to start, or the scheduler not leading within
     /// `wait`.
-    pub async fn start(db: &Database, wait: Duration) -> anyhow::Result<Stack> {
+    pub async fn start(
+        db: &Database,
+        leader_lease: &str,
+        wait: Duration,
+    ) -> anyhow::Result<Stack> {
         let dir = tempfile::Builder::new()
             .prefix("ctrlplane-bench")
             .tempdir()?;
@@ -230,7 +240,7 @@ impl Stack {
             ("CP_GC_INTERVAL", "1h".into()),
             ("CP_TELEMETRY_INTERVAL", "1h".into()),
             ("CP_PROVIDER_HEALTH_INTERVAL", "1h".into()),
-            ("CP_LEADER_LEASE", "10s".into()),
+            ("CP_LEADER_LEASE", leader_lease.to_string()),
         ]))?;
         let stop = stopper();
         tasks.push(tokio::spawn(async move {
@@ -271,6 +281,25 @@ impl Stack {
             tasks,
             _dir: dir,
         })
+    }
+
+    /// Run counts of the scheduler's workers, `name=count` joined.
+    ///
+    /// # Errors
+    /// `ListWorkers` failed.
+    pub async fn worker_runs(&self) -> anyhow::Result<String> {
+        let r = self
+            .scheduler
+            .clone()
+            .list_workers(scpb::ListWorkersRequest {})
+            .await?
+            .into_inner();
+        Ok(r.workers
+            .iter()
+            .filter(|w| w.name != "watch")
+            .map(|w| format!("{}={}", w.name, w.run_count))
+            .collect::<Vec<_>>()
+            .join(" "))
     }
 
     /// Stops every service and waits (boundedly) for them.
