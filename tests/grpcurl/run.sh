@@ -16,7 +16,12 @@
 # shows, incl. "no agent for the provider"; error cases with decoded
 # google.rpc.BadRequest details; the process agent's ProviderService
 # (system tokens only); that the change log survives a restart; start-up
-# with unrelated CP_* variables. Ends with "grpcurl: N passed, M failed";
+# with unrelated CP_* variables; and the README's bootstrap blocks:
+# ctrlplane-bootstrap with deploy/examples/hooks/rules.json and the Python
+# remote hook (deploy/examples/hooks/remote_hook.py, stubs generated with
+# the venv's grpcio-tools), a datacenter both hooks match reconciled to
+# RUNNING, then deleted, retired and purged with no process left. Ends
+# with "grpcurl: N passed, M failed";
 # exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +31,7 @@ source tests/lib/common.sh
 
 ensure_python_tools
 command -v jq >/dev/null || apt_install jq
-for bin in ctrlplane ctrlplane-datacenter ctrlplane-agent-process; do
+for bin in ctrlplane ctrlplane-datacenter ctrlplane-agent-process ctrlplane-bootstrap; do
   [ -x "$CP_BIN_DIR/$bin" ] || die "$CP_BIN_DIR/$bin is missing (cargo build --workspace)"
 done
 export PATH="$CP_BIN_DIR:$PATH"
@@ -41,7 +46,17 @@ DC_PID=""
 AGENT_SHELL_PID=""
 AGENT_PID=""
 AGENT_STATE=$WORK/readme/.data/agent-process
+# The bootstrap service and the Python remote hook the README's bootstrap
+# blocks start, the same way (a bash running the block, its child).
+BS_SHELL_PID=""
+BS_PID=""
+HOOK_SHELL_PID=""
+HOOK_PID=""
 cleanup() {
+  stop_pid "$HOOK_PID"
+  stop_pid "$HOOK_SHELL_PID"
+  stop_pid "$BS_PID"
+  stop_pid "$BS_SHELL_PID"
   stop_pid "$AGENT_PID"
   stop_pid "$AGENT_SHELL_PID"
   # Workloads outlive their agent on purpose (the next start re-adopts
@@ -148,18 +163,26 @@ readme_block() {
 }
 
 # The README uses the default addresses: the datacenter service on
-# localhost:7100, the process agent on 127.0.0.1:7401. The test server and
-# agent listen on free ports; these rewrites are the only changes made to
-# the blocks.
+# localhost:7100, the process agent on 127.0.0.1:7401, the bootstrap
+# service on localhost:7200 and the Python remote hook on port 9000
+# (`--port 9000`, `127.0.0.1:9000`). The test processes listen on free
+# ports; these rewrites are the only changes made to the blocks.
 AGENT_ADDR=127.0.0.1:$(free_port)
+BS_ADDR=127.0.0.1:$(free_port)
+HOOK_PORT=$(free_port)
 rewrite_addrs() {
   sed -e "s/localhost:7100/$ADDR/g" -e "s/127\.0\.0\.1:7100/$ADDR/g" \
-    -e "s/localhost:7401/$AGENT_ADDR/g" -e "s/127\.0\.0\.1:7401/$AGENT_ADDR/g"
+    -e "s/localhost:7401/$AGENT_ADDR/g" -e "s/127\.0\.0\.1:7401/$AGENT_ADDR/g" \
+    -e "s/localhost:7200/$BS_ADDR/g" -e "s/127\.0\.0\.1:7200/$BS_ADDR/g" \
+    -e "s/127\.0\.0\.1:9000/127.0.0.1:$HOOK_PORT/g" -e "s/--port 9000/--port $HOOK_PORT/g"
 }
 
 # The README blocks run in $WORK/readme (their $PWD): the agent's state
-# directory ($PWD/.data/agent-process) ends up there.
+# directory ($PWD/.data/agent-process) ends up there. A reader runs them in
+# the repository's root: the files they use (proto/, deploy/) are copied in
+# (copies, not symlinks: `find proto` does not descend a symlink).
 mkdir -p "$WORK/readme"
+cp -R "$CP_ROOT/proto" "$CP_ROOT/deploy" "$WORK/readme/"
 
 # run_readme_blocks NAME... — runs the named blocks one after the other in
 # one bash (as a reader pastes them into one shell) against the started
@@ -312,6 +335,95 @@ readme_agent_process() {
   [ -z "$left" ] || { echo "processes of hello-1 still running after Deprovision: $left"; return 1; }
 }
 check "README process agent block works verbatim (Provision, GetStatus, StreamLogs, Deprovision)" readme_agent_process
+
+# --- README: bootstrap services with a rule hook and a remote hook ------------
+
+header "README: bootstrap services, rule hooks and a remote hook (run verbatim)"
+# start_readme_bg NAME — runs the README block NAME in the background like
+# a reader's extra shell (its last command is a server in the foreground),
+# with only CP_AUTH_SECRET from here; output to $WORK/NAME.log. Sets BG_PID
+# to the pid of the bash running it.
+BG_PID=""
+start_readme_bg() {
+  local name=$1
+  readme_block "$name" >"$WORK/block"
+  [ -s "$WORK/block" ] || { log "README.md has no block marked <!-- test: $name -->"; return 1; }
+  { echo "set -e"; rewrite_addrs <"$WORK/block"; } >"$WORK/$name.sh"
+  log "--- README block $name (addresses rewritten):"
+  cat "$WORK/$name.sh" >&2
+  (cd "$WORK/readme" && PS4='+ ' exec env "${UNSET_CP[@]}" CP_AUTH_SECRET="$DC_SECRET" \
+    bash -uo pipefail -x "$WORK/$name.sh") >"$WORK/$name.log" 2>&1 &
+  BG_PID=$!
+}
+BS_START_ERROR="not started"
+start_readme_bootstrap() {
+  start_readme_bg bootstrap-start || { BS_START_ERROR="no bootstrap-start block"; return 1; }
+  BS_SHELL_PID=$BG_PID
+  if ! wait_serving "$BS_ADDR" "$BS_SHELL_PID" "$WORK/bootstrap-start.log"; then
+    BS_START_ERROR="the bootstrap service never served on $BS_ADDR"
+    return 1
+  fi
+  BS_PID=$(child_pid "$BS_SHELL_PID" ctrlplane-boots || true)
+  BS_START_ERROR=""
+  log "bootstrap service pid ${BS_PID:-?} on $BS_ADDR"
+}
+HOOK_START_ERROR="not started"
+start_readme_hook() {
+  local i
+  start_readme_bg hook-start || { HOOK_START_ERROR="no hook-start block"; return 1; }
+  HOOK_SHELL_PID=$BG_PID
+  for i in $(seq 1 300); do
+    if grep -q "listening on 127.0.0.1:$HOOK_PORT" "$WORK/hook-start.log"; then
+      HOOK_PID=$(child_pid "$HOOK_SHELL_PID" python || true)
+      HOOK_START_ERROR=""
+      log "remote hook pid ${HOOK_PID:-?} on 127.0.0.1:$HOOK_PORT"
+      return 0
+    fi
+    kill -0 "$HOOK_SHELL_PID" 2>/dev/null || break
+    sleep 0.2
+  done
+  HOOK_START_ERROR="the Python hook did not start listening on 127.0.0.1:$HOOK_PORT"
+  return 1
+}
+start_readme_bootstrap || log "$BS_START_ERROR"
+start_readme_hook || log "$HOOK_START_ERROR"
+
+readme_hooks() {
+  echo "--- bootstrap-start block's output:"
+  cat "$WORK/bootstrap-start.log"
+  echo "--- hook-start block's output:"
+  cat "$WORK/hook-start.log"
+  [ -z "$BS_START_ERROR" ] || { echo "$BS_START_ERROR"; return 1; }
+  [ -z "$HOOK_START_ERROR" ] || { echo "$HOOK_START_ERROR"; return 1; }
+  [ "$AGENT_STARTED" = 1 ] || { echo "the README's process agent is not running"; return 1; }
+  run_readme_blocks hooks-quickstart
+  section hooks-quickstart >"$WORK/hooks.out"
+  local want
+  for want in \
+      '"kind": "HOOK_KIND_REMOTE"' \
+      '"kind": "HOOK_KIND_RULE"' \
+      '"selector": "provider=process"' \
+      '"type": "ACTION_TYPE_PROVISION"' \
+      '{"name":"node-agent","source":"node-agent","state":"BOOTSTRAP_STATE_RUNNING"}' \
+      '{"name":"log-shipper","source":"log-shipper","state":"BOOTSTRAP_STATE_RUNNING"}' \
+      '"DATACENTER_STATUS_DELETING"' \
+      '"purged": true' \
+      'node agent on oslo-1 (eu-north)' \
+      '"DC": "oslo-1"'; do
+    grep -qF -- "$want" "$WORK/hooks.out" || { echo "expected the hooks block's output to contain: $want"; return 1; }
+  done
+  # The cert-manager rule (provider kubernetes) does not match.
+  if grep -qF '{"name":"cert-manager"' "$WORK/hooks.out"; then echo "cert-manager should not be installed on a process datacenter"; return 1; fi
+  # The CLI's table shows both running.
+  grep -qE '^bws_[0-9a-z]{26} +log-shipper +running +log-shipper' "$WORK/hooks.out" || { echo "bootstrap list should show log-shipper running"; return 1; }
+  grep -qE '^bws_[0-9a-z]{26} +node-agent +running +node-agent' "$WORK/hooks.out" || { echo "bootstrap list should show node-agent running"; return 1; }
+  # Purged: the datacenter is gone, and so are its workloads' processes.
+  fails_with NotFound grpcurl -plaintext -H "authorization: Bearer $ADMIN" -d '{"slug": "oslo-1"}' "$ADDR" "$DC/GetDatacenterBySlug"
+  local left
+  left=$(workloads_under "$AGENT_STATE/instances")
+  [ -z "$left" ] || { echo "workload processes still running after the datacenter was purged: $left"; return 1; }
+}
+check "README bootstrap blocks work verbatim: rules.json + Python remote hook -> node-agent and log-shipper RUNNING; delete -> retired, purged, no process left" readme_hooks
 
 # --- reflection and health ------------------------------------------------------
 
