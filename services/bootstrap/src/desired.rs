@@ -6,7 +6,9 @@
 //!   duplicate is reported as a [`Note`], so the plan shows the decision.
 //! - Templating: env values, args, command and labels may use
 //!   `${datacenter.id}`, `.name`, `.slug`, `.region`, `.zone`, `.provider`,
-//!   `.tenant` and `${datacenter.labels.KEY}`; `$$` is a literal `$`. An
+//!   `.tenant` and `${datacenter.labels.KEY}`; every other `$` (shell
+//!   variables, `$$`) passes through and `$${datacenter.x}` writes a
+//!   literal `${datacenter.x}`. An
 //!   unknown variable (or a missing label) fails that spec with a clear
 //!   error — it never renders empty — and a failed spec keeps its name
 //!   reserved, so an installed version is left alone rather than retired.

@@ -114,10 +114,15 @@ impl Election {
                     false
                 }
             };
-            if leads != *leader.borrow() {
-                tracing::info!(replica = %self.id, leads, "leadership changed");
-            }
-            leader.send_replace(leads);
+            // Publish changes only: a renewal is not news to the workers.
+            leader.send_if_modified(|current| {
+                let changed = *current != leads;
+                if changed {
+                    tracing::info!(replica = %self.id, leads, "leadership changed");
+                    *current = leads;
+                }
+                changed
+            });
             tokio::select! {
                 () = tokio::time::sleep(period) => {}
                 _ = shutdown.changed() => break,

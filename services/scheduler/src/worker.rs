@@ -217,11 +217,23 @@ impl Workers {
                         .unwrap_or_else(|p| p.into_inner())
                         .next_run_time =
                         Some(Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default());
-                    tokio::select! {
-                        () = tokio::time::sleep(wait) => {}
-                        _ = shutdown.changed() => return,
-                        // Losing the lead stops the schedule until it is won back.
-                        _ = leader.changed() => {}
+                    let deadline = tokio::time::Instant::now() + wait;
+                    loop {
+                        tokio::select! {
+                            () = tokio::time::sleep_until(deadline) => break,
+                            _ = shutdown.changed() => return,
+                            // Losing the lead stops the schedule until it is
+                            // won back; a renewal (still leading) changes
+                            // nothing.
+                            r = leader.changed() => {
+                                if r.is_err() {
+                                    return;
+                                }
+                                if !*leader.borrow_and_update() {
+                                    break;
+                                }
+                            }
+                        }
                     }
                 }
             });
@@ -308,7 +320,11 @@ mod tests {
         leader_tx.send(true).unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(count.load(Ordering::SeqCst), 1, "first run at once");
-        tokio::time::sleep(Duration::from_millis(3000)).await;
+        // Lease renewals re-announce the lead: they must not trigger runs.
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            leader_tx.send_replace(true);
+        }
         assert_eq!(count.load(Ordering::SeqCst), 4);
         let info = workers.get("tick").unwrap();
         assert_eq!((info.run_count, info.error_count), (4, 0));
