@@ -153,6 +153,14 @@ setup "PostgreSQL for the store tests" start_postgres
 
 check "cargo fmt --all --check" cargo fmt --all --check || true
 check "buf lint (proto/)" bash -c 'cd proto && buf lint' || true
+compose_config() {
+  if command -v docker-compose >/dev/null 2>&1; then
+    docker-compose -f docker-compose.yml config -q
+  else
+    docker compose -f docker-compose.yml config -q
+  fi
+}
+check "docker-compose.yml is valid" compose_config || true
 check "cargo clippy --workspace --all-targets -- -D warnings" \
   cargo clippy --workspace --all-targets -- -D warnings || true
 required check "cargo build --workspace --all-targets" cargo build --workspace --all-targets
