@@ -68,8 +68,8 @@ struct Args {
     concurrency: usize,
     /// Datacenter counts of the no-op resync, comma-separated
     /// [default: 100,1000,10000, --quick: 100,500]; empty to skip.
-    #[arg(long, value_delimiter = ',')]
-    resync_sizes: Option<Vec<usize>>,
+    #[arg(long, value_parser = parse_sizes)]
+    resync_sizes: Option<Sizes>,
     /// `sqlite` (temp files) or a `postgres://` URL (fresh databases are
     /// created on that server).
     #[arg(long, default_value = "sqlite")]
@@ -124,7 +124,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let datacenters = args
         .datacenters
         .unwrap_or(if args.quick { 50 } else { 200 });
-    let mut sizes = args.resync_sizes.clone().unwrap_or_else(|| {
+    let mut sizes = args.resync_sizes.clone().map(|s| s.0).unwrap_or_else(|| {
         if args.quick {
             vec![100, 500]
         } else {
@@ -163,6 +163,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     println!("{report}");
     Ok(())
+}
+
+/// `--resync-sizes`: comma-separated counts, possibly none.
+#[derive(Debug, Clone)]
+struct Sizes(Vec<usize>);
+
+fn parse_sizes(s: &str) -> Result<Sizes, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<usize>().map_err(|e| format!("{p:?}: {e}")))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Sizes)
 }
 
 fn header(args: &Args, db: &Database, datacenters: usize, sizes: &[usize]) -> String {
@@ -452,5 +465,15 @@ mod tests {
         assert_eq!(pct(&v, 100.0), Duration::from_millis(100));
         assert_eq!(pct(&[], 50.0), Duration::ZERO);
         assert_eq!(pct(&v[..1], 1.0), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn resync_sizes_parse() {
+        assert_eq!(
+            parse_sizes("100, 1000,10000").unwrap().0,
+            [100, 1000, 10_000]
+        );
+        assert!(parse_sizes("").unwrap().0.is_empty());
+        assert!(parse_sizes("10k").is_err());
     }
 }

@@ -139,11 +139,7 @@ impl Stack {
     /// # Errors
     /// A service failing to start, or the scheduler not leading within
     /// `wait`.
-    pub async fn start(
-        db: &Database,
-        leader_lease: &str,
-        wait: Duration,
-    ) -> anyhow::Result<Stack> {
+    pub async fn start(db: &Database, leader_lease: &str, wait: Duration) -> anyhow::Result<Stack> {
         let dir = tempfile::Builder::new()
             .prefix("ctrlplane-bench")
             .tempdir()?;
