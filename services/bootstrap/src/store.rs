@@ -18,6 +18,7 @@ use ctrlplane_proto::bootstrap::v1::BootstrapServiceSpec;
 use ctrlplane_proto::provider::v1::{Endpoint, ResourceUsage};
 
 use sea_orm::ActiveValue::Set;
+use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, Condition, DatabaseConnection, DatabaseTransaction, EntityTrait, QueryFilter,
     QueryOrder, QuerySelect, TransactionTrait,
@@ -641,48 +642,58 @@ impl Store {
     ) -> Result<Acquire> {
         let t = now();
         let until = t + chrono::Duration::from_std(ttl).unwrap_or_default();
-        let txn = self.db.begin().await?;
-        // Serialise with every other writer (SQLite takes its write lock
-        // here; Postgres the counter row's) before reading the lease row.
-        Self::bump(&txn).await?;
-        let row = reconciles::Entity::find_by_id(datacenter_id.to_string())
-            .one(&txn)
+        // The row exists from the first reconcile on.
+        let fresh = reconciles::ActiveModel {
+            datacenter_id: Set(datacenter_id.to_string()),
+            last_revision: Set(0),
+            lease_owner: Set(String::new()),
+            lease_expire_time: Set(None),
+            update_time: Set(t),
+        };
+        match reconciles::Entity::insert(fresh)
+            .on_conflict(
+                sea_orm::sea_query::OnConflict::column(reconciles::Column::DatacenterId)
+                    .do_nothing()
+                    .to_owned(),
+            )
+            .exec_without_returning(&self.db)
+            .await
+        {
+            Ok(_) | Err(sea_orm::DbErr::RecordNotInserted) => {}
+            Err(e) => return Err(e.into()),
+        }
+        // One conditional UPDATE takes the lease: not stale, and free,
+        // expired or already ours. Atomic on SQLite and Postgres alike, and
+        // it touches only this datacenter's row (no global serialisation).
+        let res = reconciles::Entity::update_many()
+            .col_expr(
+                reconciles::Column::LeaseOwner,
+                Expr::value(owner.to_string()),
+            )
+            .col_expr(reconciles::Column::LeaseExpireTime, Expr::value(until))
+            .col_expr(reconciles::Column::UpdateTime, Expr::value(t))
+            .filter(reconciles::Column::DatacenterId.eq(datacenter_id))
+            .filter(reconciles::Column::LastRevision.lte(revision))
+            .filter(
+                Condition::any()
+                    .add(reconciles::Column::LeaseOwner.eq(owner))
+                    .add(reconciles::Column::LeaseOwner.eq(""))
+                    .add(reconciles::Column::LeaseExpireTime.lt(t)),
+            )
+            .exec(&self.db)
             .await?;
-        let outcome = match &row {
+        if res.rows_affected == 1 {
+            return Ok(Acquire::Acquired);
+        }
+        let row = reconciles::Entity::find_by_id(datacenter_id.to_string())
+            .one(&self.db)
+            .await?;
+        Ok(match row {
             Some(r) if r.last_revision > revision => Acquire::Stale {
                 last_revision: r.last_revision,
             },
-            Some(r)
-                if r.lease_owner != owner
-                    && !r.lease_owner.is_empty()
-                    && r.lease_expire_time.is_some_and(|e| e > t) =>
-            {
-                Acquire::Busy
-            }
-            _ => Acquire::Acquired,
-        };
-        if outcome != Acquire::Acquired {
-            txn.rollback().await?;
-            return Ok(outcome);
-        }
-        let model = reconciles::ActiveModel {
-            datacenter_id: Set(datacenter_id.to_string()),
-            last_revision: Set(row.as_ref().map(|r| r.last_revision).unwrap_or(0)),
-            lease_owner: Set(owner.to_string()),
-            lease_expire_time: Set(Some(until)),
-            update_time: Set(t),
-        };
-        if row.is_some() {
-            reconciles::Entity::update(model).exec(&txn).await?;
-        } else {
-            reconciles::Entity::insert(model)
-                .exec_without_returning(&txn)
-                .await?;
-        }
-        // The bumped sequence carries no event: roll it into the commit
-        // harmlessly (sequence numbers may have gaps; order is what counts).
-        txn.commit().await?;
-        Ok(Acquire::Acquired)
+            _ => Acquire::Busy,
+        })
     }
 
     /// Releases the lease and records `revision` as acted on.
