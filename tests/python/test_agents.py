@@ -127,14 +127,6 @@ def test_retry_with_the_same_key_returns_the_same_agent(server):
     assert [a.id for a in agents_of(server, provider)] == [first.agent_id]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "known server bug: with a single-use token, the in-flight retry's consume of the token fails first "
-        "(RegisterError::TokenUnusable) and JoinAgent answers PERMISSION_DENIED 'no uses left' instead of "
-        "looking the idempotency key up again (services/datacenter/src/agents/service.rs, join)"
-    ),
-)
 def test_concurrent_retries_with_the_same_key_get_one_agent(server):
     """A join whose answer was lost is retried while the first attempt is
     still in flight: both get the same identity, one agent is registered."""

@@ -158,7 +158,25 @@ async fn racing_for_a_single_use_token(b: Backend) {
     let (agents, _) = e.registry.list(&admin(), "nomad", 100, "").await.unwrap();
     assert_eq!(agents.len(), 1);
 
-    // Concurrent retries of one join (same key) register one agent.
+    // Concurrent retries of one join (same key) register one agent, also
+    // when the token has a single use (the retries that lose the race for
+    // it find the winner's identity).
+    for uses in [1, 3] {
+        let provider = format!("same-key-{uses}");
+        let tok = token(&e.registry, &provider, uses).await;
+        let mut tasks = Vec::new();
+        for _ in 0..6 {
+            let (r, tok, provider) = (e.registry.clone(), tok.clone(), provider.clone());
+            tasks.push(tokio::spawn(async move {
+                r.join(input(&tok, &provider, "same-key")).await
+            }));
+        }
+        let mut ids = std::collections::HashSet::new();
+        for t in tasks {
+            ids.insert(t.await.unwrap().unwrap().agent.id);
+        }
+        assert_eq!(ids.len(), 1, "max_uses {uses}: {ids:?}");
+    }
     let tok = token(&e.registry, "nomad", 3).await;
     let mut tasks = Vec::new();
     for _ in 0..6 {

@@ -150,26 +150,35 @@ pub async fn serve(
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    // The handlers are installed now, not when the future is first polled:
+    // a SIGTERM that arrives while the process is still starting up (before
+    // the server awaits this future) must end it cleanly, not by the
+    // signal's default action.
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!("cannot install SIGTERM handler: {e}");
-                std::future::pending::<()>().await;
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        async move {
+            match (term, int) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
+                }
+                (t, i) => {
+                    if let Err(e) = t.and(i) {
+                        tracing::warn!("cannot install signal handlers: {e}");
+                    }
+                    std::future::pending::<()>().await;
+                }
             }
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

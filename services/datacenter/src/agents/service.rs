@@ -394,6 +394,18 @@ impl AgentRegistry {
                 // A concurrent retry with the same key registered first:
                 // loop to return its identity.
                 Err(RegisterError::DuplicateKey) => continue,
+                // The token's last use went to a concurrent retry with the
+                // same key, which has committed by now: return its identity.
+                Err(RegisterError::TokenUnusable)
+                    if !input.idempotency_key.is_empty()
+                        && self
+                            .store
+                            .find_by_join_key(&token.id, &input.idempotency_key)
+                            .await?
+                            .is_some() =>
+                {
+                    continue;
+                }
                 Err(RegisterError::TokenUnusable) => {
                     let current = self.store.get_token(&token.id).await?.ok_or_else(invalid)?;
                     return Err(if current.expire_time <= now {
