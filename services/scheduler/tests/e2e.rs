@@ -28,6 +28,10 @@ const WAIT: Duration = Duration::from_secs(60);
 
 struct Stack {
     dc: String,
+    dc_listen: std::net::SocketAddr,
+    dc_db: String,
+    dc_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    dc_task: Option<DcTask>,
     bootstrap: String,
     scheduler: String,
     stops: Vec<tokio::sync::oneshot::Sender<()>>,
@@ -60,6 +64,59 @@ fn channel(addr: &str) -> AuthedChannel {
     authed_channel(addr, BearerInterceptor::fixed(&token).unwrap()).unwrap()
 }
 
+type DcTask = tokio::task::JoinHandle<Result<(), ctrlplane_datacenter::RunError>>;
+
+fn start_datacenter(l: TcpListener, db: &str) -> (tokio::sync::oneshot::Sender<()>, DcTask) {
+    let s = Settings::from_map([
+        ("CP_AUTH_SECRET", SECRET.to_string()),
+        ("CP_DATABASE_URL", db.to_string()),
+    ]);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(ctrlplane_datacenter::run(
+        ctrlplane_datacenter::Config::from_settings(&s).unwrap(),
+        l,
+        async {
+            let _ = rx.await;
+        },
+    ));
+    (tx, task)
+}
+
+impl Stack {
+    /// Stops the datacenter service and starts it again on the same
+    /// address and database.
+    async fn restart_datacenter(&mut self) {
+        let _ = self.dc_stop.take().unwrap().send(());
+        self.dc_task.take().unwrap().await.unwrap().unwrap();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let l = loop {
+            match TcpListener::bind(self.dc_listen).await {
+                Ok(l) => break l,
+                Err(e) => {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "cannot rebind {}: {e}",
+                        self.dc_listen
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        let (stop, task) = start_datacenter(l, &self.dc_db);
+        self.dc_stop = Some(stop);
+        self.dc_task = Some(task);
+    }
+
+    fn stop_all(&mut self) {
+        for stop in self.stops.drain(..) {
+            let _ = stop.send(());
+        }
+        if let Some(stop) = self.dc_stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
 async fn start() -> Stack {
     ctrlplane_runtime::telemetry::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
@@ -67,15 +124,9 @@ async fn start() -> Stack {
     let db = |name: &str| format!("sqlite://{}", dir.path().join(name).display());
 
     let (l, dc) = listener().await;
-    let s = Settings::from_map([
-        ("CP_AUTH_SECRET", SECRET.to_string()),
-        ("CP_DATABASE_URL", db("dc.db")),
-    ]);
-    tokio::spawn(ctrlplane_datacenter::run(
-        ctrlplane_datacenter::Config::from_settings(&s).unwrap(),
-        l,
-        stopper(&mut stops),
-    ));
+    let dc_listen = l.local_addr().unwrap();
+    let dc_db = db("dc.db");
+    let (dc_stop, dc_task) = start_datacenter(l, &dc_db);
 
     let token = AgentRegistryServiceClient::new(channel(&dc))
         .create_join_token(agpb::CreateJoinTokenRequest {
@@ -133,6 +184,10 @@ async fn start() -> Stack {
     ));
     Stack {
         dc,
+        dc_listen,
+        dc_db,
+        dc_stop: Some(dc_stop),
+        dc_task: Some(dc_task),
         bootstrap,
         scheduler,
         stops,
@@ -292,7 +347,92 @@ async fn the_watch_drives_convergence() {
     })
     .await;
     assert!(workloads(&s, &dc.id).await.is_empty());
-    for stop in s.stops.drain(..) {
-        let _ = stop.send(());
+    s.stop_all();
+}
+
+/// The watch reconnects after the datacenter service restarts (resuming
+/// from the last revision it saw), so a datacenter created right after the
+/// restart converges although the periodic reconcile is an hour away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_resumes_after_the_datacenter_service_restarts() {
+    let mut s = start().await;
+    eventually("the process agent to join", async || {
+        let r = AgentRegistryServiceClient::new(channel(&s.dc))
+            .list_agents(agpb::ListAgentsRequest::default())
+            .await
+            .ok()?
+            .into_inner();
+        (!r.agents.is_empty()).then_some(())
+    })
+    .await;
+    let mut sched = SchedulerServiceClient::new(channel(&s.scheduler));
+    eventually("the scheduler to lead", async || {
+        let r = sched
+            .list_workers(scpb::ListWorkersRequest {})
+            .await
+            .ok()?
+            .into_inner();
+        r.leader.then_some(())
+    })
+    .await;
+    let running = bspb::BootstrapState::Running as i32;
+    let first = create(&s.dc, "before restart").await;
+    eventually("the first datacenter's service running", async || {
+        let w = workloads(&s, &first.id).await;
+        (w.len() == 1 && w[0].state == running).then_some(())
+    })
+    .await;
+
+    s.restart_datacenter().await;
+    let second = eventually(
+        "the restarted datacenter service to take a create",
+        async || try_create(&s.dc, "after restart").await,
+    )
+    .await;
+    eventually(
+        "the second datacenter's service running (watch resumed)",
+        async || {
+            let w = workloads(&s, &second.id).await;
+            (w.len() == 1 && w[0].state == running).then_some(())
+        },
+    )
+    .await;
+
+    // Clean up the workloads: delete both and wait for the purges.
+    let mut dcs = DatacenterServiceClient::new(channel(&s.dc));
+    for dc in [&first, &second] {
+        dcs.delete_datacenter(dcpb::DeleteDatacenterRequest { id: dc.id.clone() })
+            .await
+            .unwrap();
     }
+    for dc in [&first, &second] {
+        eventually("the datacenter purged", async || {
+            let r = dcs
+                .get_datacenter(dcpb::GetDatacenterRequest { id: dc.id.clone() })
+                .await;
+            matches!(r, Err(ref st) if st.code() == tonic::Code::NotFound).then_some(())
+        })
+        .await;
+    }
+    s.stop_all();
+}
+
+async fn try_create(addr: &str, name: &str) -> Option<dcpb::Datacenter> {
+    DatacenterServiceClient::new(channel(addr))
+        .create_datacenter(dcpb::CreateDatacenterRequest {
+            datacenter: Some(dcpb::Datacenter {
+                name: name.into(),
+                provider_name: "process".into(),
+                bootstrap_services: vec![spec("a", &[])],
+                ..Default::default()
+            }),
+        })
+        .await
+        .ok()?
+        .into_inner()
+        .datacenter
+}
+
+async fn create(addr: &str, name: &str) -> dcpb::Datacenter {
+    try_create(addr, name).await.expect("CreateDatacenter")
 }
