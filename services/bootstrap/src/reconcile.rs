@@ -544,6 +544,24 @@ impl Reconciler {
         }
     }
 
+    /// The agent for a row's call: the one resolved for this round, else
+    /// (no datacenter to resolve through, e.g. it vanished) a healthy agent
+    /// of the row's provider.
+    async fn agent_for(
+        &self,
+        row: &Workload,
+        resolved: Option<std::result::Result<AgentHandle, String>>,
+    ) -> std::result::Result<AgentHandle, String> {
+        match resolved {
+            Some(r) => r,
+            None => self
+                .agents
+                .for_provider(&row.provider_name)
+                .await
+                .map_err(|e| e.to_string()),
+        }
+    }
+
     /// Marks a row failed with backoff.
     async fn fail(&self, mut row: Workload, error: &str) -> Result<()> {
         let from = row.state;
@@ -634,13 +652,12 @@ impl Reconciler {
         } else {
             self.store.update(&row, None, Some(&event)).await?;
         }
-        let agent = match agent {
-            Some(Ok(a)) => a,
-            Some(Err(e)) => {
+        let agent = match self.agent_for(&row, agent).await {
+            Ok(a) => a,
+            Err(e) => {
                 self.fail(row, &e).await?;
                 return Err(Error::Unavailable(e));
             }
-            None => return Err(Error::Unavailable("no agent resolved".into())),
         };
         let mut client = agent.client.clone();
         let mut req = tonic::Request::new(Self::provision_request(&row));
@@ -722,13 +739,12 @@ impl Reconciler {
                 )),
             )
             .await?;
-        let agent = match agent {
-            Some(Ok(a)) => a,
-            Some(Err(e)) => {
+        let agent = match self.agent_for(&row, agent).await {
+            Ok(a) => a,
+            Err(e) => {
                 self.fail(row, &e).await?;
                 return Err(Error::Unavailable(e));
             }
-            None => return Err(Error::Unavailable("no agent resolved".into())),
         };
         let services = row
             .spec
@@ -805,19 +821,12 @@ impl Reconciler {
                 )),
             )
             .await?;
-        let agent = match agent {
-            Some(Ok(a)) => a,
-            Some(Err(e)) => {
+        let agent = match self.agent_for(&row, agent).await {
+            Ok(a) => a,
+            Err(e) => {
                 self.fail(row, &e).await?;
                 return Err(Error::Unavailable(e));
             }
-            None => match self.agents.for_provider(&row.provider_name).await {
-                Ok(a) => a,
-                Err(e) => {
-                    self.fail(row, &e.to_string()).await?;
-                    return Err(e);
-                }
-            },
         };
         let mut client = agent.client.clone();
         let mut req = tonic::Request::new(pb::DeprovisionRequest {
