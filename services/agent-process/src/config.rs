@@ -4,11 +4,8 @@
 //! `CP_LISTEN_ADDR` (default `127.0.0.1:7401`), `CP_AUTH_SECRET` /
 //! `CP_AUTH_SECRET_FILE`, `CP_STATE_DIR` (default `./data/agent-process`),
 //! `CP_SHUTDOWN_GRACE`, `CP_LOG`, `CP_LOG_FORMAT`, and for joining the
-//! control plane `CP_DATACENTER_ADDR`, `CP_JOIN_TOKEN`, `CP_ADVERTISE_ADDR`.
-//!
-//! Joining is on when `CP_DATACENTER_ADDR` or `CP_JOIN_TOKEN` is set, or
-//! when the state directory already holds an identity (a joined agent
-//! always heartbeats). Without any of them the agent runs standalone.
+//! control plane `CP_DATACENTER_ADDR`, `CP_JOIN_TOKEN`, `CP_ADVERTISE_ADDR`,
+//! `CP_AUTO_JOIN` (see [`ctrlplane_agent::member`] for when joining is on).
 //!
 //! The supervision tunables ([`AgentConfig`]) have no environment
 //! variables: their defaults suit production, and tests set them directly.
@@ -17,9 +14,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ctrlplane_runtime::config::{
-    self, AuthConfig, ConfigError, PeersConfig, ServerConfig, Settings,
-};
+use ctrlplane_agent::member::JoinConfig;
+use ctrlplane_runtime::config::{self, AuthConfig, ConfigError, ServerConfig, Settings};
 
 use crate::supervisor::Backoff;
 
@@ -35,6 +31,7 @@ pub const SETTINGS: &[&str] = &[
     config::DATACENTER_ADDR,
     config::JOIN_TOKEN,
     config::ADVERTISE_ADDR,
+    config::AUTO_JOIN,
 ];
 
 /// Default state directory.
@@ -81,17 +78,6 @@ impl AgentConfig {
     }
 }
 
-/// Joining the control plane.
-#[derive(Debug, Clone)]
-pub struct JoinConfig {
-    /// Address of the datacenter service (the agent registry).
-    pub datacenter_addr: String,
-    /// Join token for the first start.
-    pub join_token: Option<String>,
-    /// Endpoint to advertise; default `http://<bound address>`.
-    pub advertise_addr: Option<String>,
-}
-
 /// Configuration of the agent process.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -113,25 +99,7 @@ impl Config {
     pub fn from_settings(s: &Settings) -> Result<Self, ConfigError> {
         s.check_known(SETTINGS)?;
         let state_dir = PathBuf::from(s.get(config::STATE_DIR).unwrap_or(DEFAULT_STATE_DIR));
-        let joined = state_dir
-            .join(ctrlplane_agent::join::IDENTITY_FILE)
-            .exists();
-        let wants_join =
-            s.get(config::DATACENTER_ADDR).is_some() || s.get(config::JOIN_TOKEN).is_some();
-        let join = (joined || wants_join).then(|| JoinConfig {
-            datacenter_addr: PeersConfig::from_settings(s).datacenter,
-            join_token: s.get(config::JOIN_TOKEN).map(str::to_string),
-            advertise_addr: s.get(config::ADVERTISE_ADDR).map(str::to_string),
-        });
-        if let Some(addr) = s.get(config::ADVERTISE_ADDR)
-            && !(addr.starts_with("http://") || addr.starts_with("https://"))
-        {
-            return Err(ConfigError::Invalid {
-                name: config::ADVERTISE_ADDR.to_string(),
-                value: addr.to_string(),
-                reason: "expected http://HOST:PORT or https://HOST:PORT".to_string(),
-            });
-        }
+        let join = JoinConfig::from_settings(s, &state_dir)?;
         Ok(Config {
             server: ServerConfig::from_settings(s, default_addr())?,
             auth: AuthConfig::from_settings(s)?,
@@ -139,17 +107,6 @@ impl Config {
             join,
         })
     }
-}
-
-/// The endpoint advertised for a bound address: `http://addr`, with an
-/// unspecified IP (`0.0.0.0`, `::`) replaced by loopback.
-pub fn advertised_endpoint(addr: SocketAddr) -> String {
-    let ip = if addr.ip().is_unspecified() {
-        std::net::IpAddr::from([127, 0, 0, 1])
-    } else {
-        addr.ip()
-    };
-    format!("http://{}", SocketAddr::new(ip, addr.port()))
 }
 
 #[cfg(test)]
@@ -172,41 +129,5 @@ mod tests {
         let d =
             Config::from_settings(&Settings::from_map([(config::AUTH_SECRET, SECRET)])).unwrap();
         assert_eq!(d.agent.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
-    }
-
-    #[test]
-    fn join_settings() {
-        let s = Settings::from_map([
-            (config::AUTH_SECRET, SECRET),
-            (config::JOIN_TOKEN, "tok"),
-            (config::ADVERTISE_ADDR, "http://10.0.0.1:7401"),
-        ]);
-        let j = Config::from_settings(&s).unwrap().join.unwrap();
-        assert_eq!(j.datacenter_addr, "http://127.0.0.1:7100");
-        assert_eq!(j.join_token.as_deref(), Some("tok"));
-        assert_eq!(j.advertise_addr.as_deref(), Some("http://10.0.0.1:7401"));
-        let bad = Settings::from_map([
-            (config::AUTH_SECRET, SECRET),
-            (config::ADVERTISE_ADDR, "10.0.0.1:7401"),
-        ]);
-        let err = Config::from_settings(&bad).unwrap_err().to_string();
-        assert!(err.contains("CP_ADVERTISE_ADDR"), "{err}");
-        let unknown = Settings::from_map([(config::AUTH_SECRET, SECRET), ("CP_DATABASE_URL", "x")]);
-        assert!(
-            Config::from_settings(&unknown).is_ok(),
-            "known elsewhere is tolerated"
-        );
-    }
-
-    #[test]
-    fn advertised_endpoints_avoid_unspecified_addresses() {
-        assert_eq!(
-            advertised_endpoint("0.0.0.0:7401".parse().unwrap()),
-            "http://127.0.0.1:7401"
-        );
-        assert_eq!(
-            advertised_endpoint("10.1.2.3:1".parse().unwrap()),
-            "http://10.1.2.3:1"
-        );
     }
 }

@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ctrlplane_proto::provider::v1 as pb;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::model::PortAlloc;
@@ -125,38 +124,16 @@ pub async fn probe_once(plan: &Plan, ctx: &CommandContext, procs: &Processes) ->
                     .await
                     .is_ok()
             }
-            Probe::Http { port, path } => http_get(*port, path).await.unwrap_or(false),
+            Probe::Http { port, path } => {
+                ctrlplane_agent::workload::http_ok(ports::ENDPOINT_HOST, *port as u16, path, plan.timeout)
+                    .await
+            }
             Probe::Command { argv } => run_command(argv, ctx, procs, plan.timeout).await,
         }
     };
     tokio::time::timeout(plan.timeout, run)
         .await
         .unwrap_or(false)
-}
-
-async fn http_get(port: i32, path: &str) -> std::io::Result<bool> {
-    let mut stream = tokio::net::TcpStream::connect((ports::ENDPOINT_HOST, port as u16)).await?;
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {}:{port}\r\nUser-Agent: ctrlplane-agent-process\r\nConnection: close\r\n\r\n",
-        ports::ENDPOINT_HOST
-    );
-    stream.write_all(request.as_bytes()).await?;
-    let mut buf = Vec::with_capacity(256);
-    let mut chunk = [0u8; 256];
-    while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let text = String::from_utf8_lossy(&buf);
-    let code: u16 = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((200..400).contains(&code))
 }
 
 async fn run_command(
@@ -231,6 +208,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn allocs() -> Vec<PortAlloc> {
         vec![PortAlloc {

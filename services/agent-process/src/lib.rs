@@ -71,13 +71,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ctrlplane_agent::join::{self, HeartbeatError, JoinError, JoinOptions};
+use ctrlplane_agent::member::{self, Member, MemberError};
 use ctrlplane_runtime::auth::Authenticator;
-use ctrlplane_runtime::server::ServeError;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
-pub use config::{AgentConfig, Config, JoinConfig};
+pub use config::{AgentConfig, Config};
+pub use ctrlplane_agent::member::JoinConfig;
 pub use provider::{Agent, CAPABILITIES, OpenError, PROVIDER_NAME};
 
 /// How long shutdown waits for the agent's own tasks.
@@ -89,15 +88,9 @@ pub enum RunError {
     /// The state directory is unusable.
     #[error("{0}")]
     Open(#[from] OpenError),
-    /// The server failed.
+    /// Serving, joining or heartbeating failed.
     #[error("{0}")]
-    Serve(#[from] ServeError),
-    /// Joining the control plane failed for good.
-    #[error("{0}")]
-    Join(#[from] JoinError),
-    /// The control plane stopped accepting the agent.
-    #[error("{0}")]
-    Heartbeat(#[from] HeartbeatError),
+    Member(#[from] MemberError),
 }
 
 /// Runs the agent on `listener` until `shutdown` resolves: opens the state
@@ -129,68 +122,17 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
-    let stop = CancellationToken::new();
-    let endpoint = match config.join.as_ref().and_then(|j| j.advertise_addr.clone()) {
-        Some(e) => e,
-        None => config::advertised_endpoint(listener.local_addr().map_err(|source| {
-            ServeError::Bind {
-                addr: config.server.listen_addr.to_string(),
-                source,
-            }
-        })?),
-    };
-    let auth = Arc::new(Authenticator::new(&config.auth.secret));
-    let server_stop = stop.clone();
-    let server = ctrlplane_agent::server::serve_provider(
-        agent.clone(),
-        listener,
-        auth,
-        config.server.shutdown_grace,
-        async move {
-            tokio::select! {
-                () = shutdown => {}
-                () = server_stop.cancelled() => {}
-            }
-            server_stop.cancel();
-        },
-    );
-    let membership = async {
-        let Some(join) = &config.join else {
-            stop.cancelled().await;
-            return Ok(());
-        };
-        let mut opts = JoinOptions::new(
-            join.datacenter_addr.clone(),
-            agent.state_dir(),
-            PROVIDER_NAME,
-            endpoint,
-        );
-        opts.join_token = join.join_token.clone();
-        opts.capabilities = CAPABILITIES
-            .iter()
-            .map(|c| c.as_str().to_string())
-            .collect();
-        opts.info.insert(
+    let member = Member {
+        auth: Arc::new(Authenticator::new(&config.auth.secret)),
+        shutdown_grace: config.server.shutdown_grace,
+        join: config.join.clone(),
+        state_dir: agent.state_dir().to_path_buf(),
+        info: [(
             "state_dir".to_string(),
             agent.state_dir().display().to_string(),
-        );
-        let identity = tokio::select! {
-            r = join::ensure_identity(&opts) => r?,
-            () = stop.cancelled() => return Ok(()),
-        };
-        tracing::info!(agent_id = %identity.agent_id, "member of the control plane; heartbeating");
-        join::heartbeat_loop(identity, opts, stop.clone().cancelled_owned()).await?;
-        Ok::<(), RunError>(())
+        )]
+        .into(),
     };
-    let membership = async {
-        let r = membership.await;
-        if r.is_err() {
-            stop.cancel();
-        }
-        r
-    };
-    let (served, joined) = tokio::join!(server, membership);
-    joined?;
-    served?;
+    member::serve_member(agent, member, listener, shutdown).await?;
     Ok(())
 }

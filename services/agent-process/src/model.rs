@@ -204,59 +204,7 @@ impl fmt::Display for ReplicaKey {
     }
 }
 
-/// A service's role with UNSPECIFIED read as MAIN.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// Runs to completion before the others.
-    Init,
-    /// The workload's main service.
-    Main,
-    /// Runs next to main.
-    Sidecar,
-}
-
-/// The role of a spec.
-pub fn role(spec: &pb::ServiceSpec) -> Role {
-    match pb::ServiceRole::try_from(spec.role) {
-        Ok(pb::ServiceRole::Init) => Role::Init,
-        Ok(pb::ServiceRole::Sidecar) => Role::Sidecar,
-        _ => Role::Main,
-    }
-}
-
-/// Desired replicas of a service (0 means 1; inits always run once).
-pub fn replicas(spec: &pb::ServiceSpec) -> u32 {
-    if role(spec) == Role::Init {
-        return 1;
-    }
-    spec.resources
-        .as_ref()
-        .map_or(1, |r| r.replicas.max(1) as u32)
-}
-
-/// Indexes of the services `keep` selects, ordered so that every service
-/// comes after the services it depends on; ties keep list order. Specs are
-/// validated acyclic; a cycle would only leave its members in list order.
-pub fn dependency_order(
-    specs: &[pb::ServiceSpec],
-    keep: impl Fn(&pb::ServiceSpec) -> bool,
-) -> Vec<usize> {
-    let selected: Vec<usize> = (0..specs.len()).filter(|&i| keep(&specs[i])).collect();
-    let mut placed: Vec<usize> = Vec::with_capacity(selected.len());
-    let mut remaining = selected.clone();
-    while !remaining.is_empty() {
-        let ready = remaining.iter().position(|&i| {
-            specs[i].depends_on.iter().all(|dep| {
-                !selected.iter().any(|&j| specs[j].name == *dep)
-                    || placed.iter().any(|&j| specs[j].name == *dep)
-            })
-        });
-        // A cycle (never after validation): place the first one anyway.
-        let at = ready.unwrap_or(0);
-        placed.push(remaining.remove(at));
-    }
-    placed
-}
+pub use ctrlplane_agent::workload::{Role, dependency_order, replicas, role};
 
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> i64 {

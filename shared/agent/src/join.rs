@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use ctrlplane_proto::agent::v1 as pb;
 use ctrlplane_proto::agent::v1::agent_registry_service_client::AgentRegistryServiceClient;
+use ctrlplane_runtime::auth::{Authenticator, Claims, ROLE_ADMIN};
 use ctrlplane_runtime::client::{BearerInterceptor, authed_channel, channel};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -29,6 +30,10 @@ use tonic::Code;
 pub const IDENTITY_FILE: &str = "identity.json";
 /// Name of the pending-join key file in the state directory.
 pub const JOIN_KEY_FILE: &str = "join-key";
+/// Name of the file holding a join token the agent minted for itself
+/// (auto-join), kept until the join succeeds so that a retry after a crash
+/// reuses it (and with the same key gets the same identity back).
+pub const AUTO_TOKEN_FILE: &str = "auto-join-token";
 
 /// What the agent tells the registry about itself.
 #[derive(Debug, Clone)]
@@ -55,6 +60,10 @@ pub struct JoinOptions {
     pub max_backoff: Duration,
     /// Give up after this many attempts (`None`: never).
     pub max_attempts: Option<u32>,
+    /// Auto-join: with no identity and no `join_token`, mint a single-use
+    /// join token with this platform secret (which the agent holds anyway to
+    /// verify the control plane's tokens) and join with it.
+    pub auto_join: Option<std::sync::Arc<Authenticator>>,
 }
 
 impl JoinOptions {
@@ -77,6 +86,7 @@ impl JoinOptions {
             initial_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(30),
             max_attempts: None,
+            auto_join: None,
         }
     }
 }
@@ -253,6 +263,72 @@ fn join_key(state_dir: &Path) -> Result<String, JoinError> {
     Ok(key)
 }
 
+/// The join token of an auto-join: the one minted earlier (persisted before
+/// first use), else a new single-use token from `CreateJoinToken`, called
+/// with a short-lived `system:admin` token minted from the platform secret
+/// and retried like the join itself while the registry is unreachable.
+async fn auto_join_token(opts: &JoinOptions, auth: &Authenticator) -> Result<String, JoinError> {
+    let path = opts.state_dir.join(AUTO_TOKEN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err(&path)(e)),
+    }
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let admin = auth.mint(&Claims::new(
+            format!("agent-auto-join:{}", opts.provider_name),
+            "",
+            vec![ROLE_ADMIN.to_string()],
+            Duration::from_secs(60),
+        ));
+        let mut client = AgentRegistryServiceClient::new(authed_channel(
+            &opts.control_plane,
+            BearerInterceptor::fixed(&admin)?,
+        )?);
+        let mut req = tonic::Request::new(pb::CreateJoinTokenRequest {
+            provider_name: opts.provider_name.clone(),
+            ttl: Some(ctrlplane_proto::pbjson_types::Duration {
+                seconds: 3600,
+                nanos: 0,
+            }),
+            max_uses: 1,
+        });
+        req.set_timeout(Duration::from_secs(10));
+        match client.create_join_token(req).await {
+            Ok(resp) => {
+                let token = resp.into_inner().token;
+                write_private(&path, token.as_bytes())?;
+                tracing::info!("auto-join: minted a single-use join token");
+                return Ok(token);
+            }
+            Err(status) if retryable(status.code()) => {
+                if opts.max_attempts.is_some_and(|max| attempt >= max) {
+                    return Err(JoinError::GaveUp {
+                        addr: opts.control_plane.clone(),
+                        attempts: attempt,
+                        last: format!("{:?}: {}", status.code(), status.message()),
+                    });
+                }
+                let delay = backoff(attempt - 1, opts.initial_backoff, opts.max_backoff);
+                tracing::warn!(attempt, ?delay, code = ?status.code(), message = status.message(), "auto-join: CreateJoinToken failed; retrying");
+                tokio::time::sleep(delay).await;
+            }
+            Err(status) => {
+                return Err(JoinError::Rejected {
+                    code: status.code(),
+                    message: format!(
+                        "auto-join: CreateJoinToken refused (is CP_AUTH_SECRET the control plane's secret?): {}",
+                        status.message()
+                    ),
+                });
+            }
+        }
+    }
+}
+
 /// Returns the agent's identity, joining first if it has none.
 ///
 /// # Errors
@@ -272,9 +348,15 @@ pub async fn ensure_identity(opts: &JoinOptions) -> Result<Identity, JoinError> 
         }
         return Ok(identity);
     }
-    let token = opts.join_token.clone().ok_or_else(|| JoinError::NoToken {
-        provider: opts.provider_name.clone(),
-    })?;
+    let token = match (&opts.join_token, &opts.auto_join) {
+        (Some(t), _) => t.clone(),
+        (None, Some(auth)) => auto_join_token(opts, auth).await?,
+        (None, None) => {
+            return Err(JoinError::NoToken {
+                provider: opts.provider_name.clone(),
+            });
+        }
+    };
     let key = join_key(&opts.state_dir)?;
     let mut client = AgentRegistryServiceClient::new(channel(&opts.control_plane)?);
     let request = pb::JoinAgentRequest {
@@ -308,6 +390,7 @@ pub async fn ensure_identity(opts: &JoinOptions) -> Result<Identity, JoinError> 
                 };
                 store_identity(&opts.state_dir, &identity)?;
                 let _ = std::fs::remove_file(opts.state_dir.join(JOIN_KEY_FILE));
+                let _ = std::fs::remove_file(opts.state_dir.join(AUTO_TOKEN_FILE));
                 tracing::info!(agent_id = %identity.agent_id, "joined the control plane");
                 return Ok(identity);
             }

@@ -61,6 +61,16 @@ pub const TELEMETRY_INTERVAL: &str = "CP_TELEMETRY_INTERVAL";
 pub const PROVIDER_HEALTH_INTERVAL: &str = "CP_PROVIDER_HEALTH_INTERVAL";
 /// Scheduler: leader lease length.
 pub const LEADER_LEASE: &str = "CP_LEADER_LEASE";
+/// Agents: join with a token minted from the platform secret (`true`).
+pub const AUTO_JOIN: &str = "CP_AUTO_JOIN";
+/// Docker agent: the engine, `unix:///var/run/docker.sock` (default),
+/// `tcp://HOST:PORT` or `http://HOST:PORT`.
+pub const DOCKER_HOST: &str = "CP_DOCKER_HOST";
+/// Docker agent: the scope its objects are named and labelled with, so
+/// several agents can share one engine (default `ctrlplane`).
+pub const DOCKER_SCOPE: &str = "CP_DOCKER_SCOPE";
+/// Docker agent: the host name reported in endpoints (default `127.0.0.1`).
+pub const DOCKER_ENDPOINT_HOST: &str = "CP_DOCKER_ENDPOINT_HOST";
 
 /// Every name above with a one-line description, for `--help` output.
 pub const ALL: &[(&str, &str)] = &[
@@ -112,6 +122,22 @@ pub const ALL: &[(&str, &str)] = &[
         "scheduler: agent health probe interval (15s)",
     ),
     (LEADER_LEASE, "scheduler: leader lease length (15s)"),
+    (
+        AUTO_JOIN,
+        "agents: join with a token minted from the platform secret (true/false)",
+    ),
+    (
+        DOCKER_HOST,
+        "docker agent: engine address (unix:///var/run/docker.sock)",
+    ),
+    (
+        DOCKER_SCOPE,
+        "docker agent: name/label scope of its objects (ctrlplane)",
+    ),
+    (
+        DOCKER_ENDPOINT_HOST,
+        "docker agent: host reported in endpoints (127.0.0.1)",
+    ),
 ];
 
 /// A configuration error; names the variable.
