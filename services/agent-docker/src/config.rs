@@ -170,7 +170,8 @@ mod tests {
 
     #[test]
     fn defaults_and_overrides() {
-        let c = Config::from_settings(&Settings::from_map([(config::AUTH_SECRET, SECRET)])).unwrap();
+        let c =
+            Config::from_settings(&Settings::from_map([(config::AUTH_SECRET, SECRET)])).unwrap();
         assert_eq!(c.server.listen_addr, default_addr());
         assert_eq!(c.docker.host, DEFAULT_DOCKER_HOST);
         assert_eq!(c.docker.scope, "ctrlplane");

@@ -129,7 +129,10 @@ impl Engine {
             Docker::connect_with_http(&addr, 120, bollard::API_DEFAULT_VERSION)
         }
         .map_err(|e| unavailable(&e))?;
-        let docker = docker.negotiate_version().await.map_err(|e| unavailable(&e))?;
+        let docker = docker
+            .negotiate_version()
+            .await
+            .map_err(|e| unavailable(&e))?;
         *guard = Some(docker.clone());
         Ok(docker)
     }
@@ -415,7 +418,14 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            vec!["conf", "etc", "etc/x", "etc/x/y", "conf/app.yaml", "etc/x/y/z.txt"]
+            vec![
+                "conf",
+                "etc",
+                "etc/x",
+                "etc/x/y",
+                "conf/app.yaml",
+                "etc/x/y/z.txt"
+            ]
         );
     }
 

@@ -159,7 +159,11 @@ pub async fn stream(
         .into_iter()
         .filter(|c| !c.prev)
         .map(|c| {
-            let after = last_seen.get(&c.name).copied().unwrap_or(t0).max(since.unwrap_or(t0));
+            let after = last_seen
+                .get(&c.name)
+                .copied()
+                .unwrap_or(t0)
+                .max(since.unwrap_or(t0));
             let service = c.service.clone();
             let replica = c.replica;
             let name = c.name.clone();
@@ -220,7 +224,10 @@ pub async fn exec(
             .await
             .map_err(|e| engine.err(&format!("exec in {container}"), e))?
         {
-            StartExecResults::Attached { mut output, mut input } => {
+            StartExecResults::Attached {
+                mut output,
+                mut input,
+            } => {
                 if !stdin.is_empty() {
                     let _ = input.write_all(&stdin).await;
                 }

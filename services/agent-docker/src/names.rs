@@ -75,7 +75,10 @@ impl Names {
 
     /// A replica's previous generation.
     pub fn prev_container(&self, instance: &str, service: &str, replica: u32) -> String {
-        format!("{}{PREV_SUFFIX}", self.container(instance, service, replica))
+        format!(
+            "{}{PREV_SUFFIX}",
+            self.container(instance, service, replica)
+        )
     }
 
     /// A volume: shared by the replicas, or per replica (`Some`).
@@ -133,7 +136,10 @@ mod tests {
             n.volume("wl_1", "db", "data", Some(1)),
             "ctrlplane.wl_1.db.data.1"
         );
-        assert_eq!(n.volume("wl_1", "db", "data", None), "ctrlplane.wl_1.db.data");
+        assert_eq!(
+            n.volume("wl_1", "db", "data", None),
+            "ctrlplane.wl_1.db.data"
+        );
         assert_eq!(
             n.instance_filter("wl_1"),
             vec![

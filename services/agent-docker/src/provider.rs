@@ -27,8 +27,8 @@ use ctrlplane_agent::provider::Result;
 use ctrlplane_agent::workload::{Role, dependency_order, replicas, role};
 use ctrlplane_agent::{Capability, LogStream, Provider, ProviderError};
 use ctrlplane_proto::provider::v1 as pb;
-use futures::future::{BoxFuture, Shared, join_all};
 use futures::FutureExt;
+use futures::future::{BoxFuture, Shared, join_all};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -108,10 +108,15 @@ impl DockerAgent {
         match self.engine.version().await {
             Ok(v) => {
                 tracing::info!(engine = %self.engine.host(), version = %v, "Docker engine reachable");
-                *self.engine_version.lock().unwrap_or_else(|p| p.into_inner()) = v;
+                *self
+                    .engine_version
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = v;
             }
             Err(e) => {
-                tracing::error!("{e}; the agent runs but every backend call fails until the engine answers");
+                tracing::error!(
+                    "{e}; the agent runs but every backend call fails until the engine answers"
+                );
                 return;
             }
         }
@@ -216,9 +221,12 @@ impl DockerAgent {
             self.engine.networks(&filter),
             self.engine.containers(&filter)
         )?;
-        let inspected = join_all(summaries.iter().filter_map(|s| s.id.as_deref()).map(
-            |cid| async move { self.engine.inspect(cid).await },
-        ))
+        let inspected = join_all(
+            summaries
+                .iter()
+                .filter_map(|s| s.id.as_deref())
+                .map(|cid| async move { self.engine.inspect(cid).await }),
+        )
         .await;
         let mut containers = Vec::new();
         for c in inspected {
@@ -275,16 +283,20 @@ impl DockerAgent {
             Check::Http { port, path } => {
                 Some(ctrlplane_agent::workload::http_ok(&ip, port, &path, timeout).await)
             }
-            Check::Tcp { port } => Some(ctrlplane_agent::workload::tcp_ok(&ip, port, timeout).await),
+            Check::Tcp { port } => {
+                Some(ctrlplane_agent::workload::tcp_ok(&ip, port, timeout).await)
+            }
             _ => None,
         }
     }
 
     /// Readiness probes (HTTP/TCP checks) of the running replicas.
     async fn probes(&self, inst: &Instance) -> Probes {
-        let results = join_all(inst.current().filter(|c| c.running()).map(|c| async move {
-            (c.name.clone(), self.probe(c).await)
-        }))
+        let results = join_all(
+            inst.current()
+                .filter(|c| c.running())
+                .map(|c| async move { (c.name.clone(), self.probe(c).await) }),
+        )
         .await;
         results
             .into_iter()
@@ -370,7 +382,12 @@ impl DockerAgent {
     /// mains and sidecars in dependency order, each dependency up before
     /// its dependents start. Stops at the first failed init (the status
     /// then reports the instance FAILED).
-    async fn sequence(&self, id: &str, rerun_inits: bool, cancel: &CancellationToken) -> Result<()> {
+    async fn sequence(
+        &self,
+        id: &str,
+        rerun_inits: bool,
+        cancel: &CancellationToken,
+    ) -> Result<()> {
         let inst = self.must_load(id).await?;
         let specs = inst.specs();
         for i in dependency_order(&specs, |s| role(s) == Role::Init) {
@@ -408,7 +425,9 @@ impl DockerAgent {
                 .any(|&j| specs[j].depends_on.contains(&spec.name));
             if has_dependents {
                 for c in &reps {
-                    if !self.wait_up(&c.name, self.cfg.rollout_timeout, cancel).await
+                    if !self
+                        .wait_up(&c.name, self.cfg.rollout_timeout, cancel)
+                        .await
                         && !cancel.is_cancelled()
                     {
                         tracing::warn!(instance = id, service = %spec.name, "dependency not up in time; starting its dependents anyway");
@@ -789,7 +808,11 @@ impl Provider for DockerAgent {
         Ok(self.status_of(&self.must_load(instance_id).await?).await)
     }
 
-    async fn restart(&self, instance_id: &str, service: Option<&str>) -> Result<pb::InstanceStatus> {
+    async fn restart(
+        &self,
+        instance_id: &str,
+        service: Option<&str>,
+    ) -> Result<pb::InstanceStatus> {
         let lock = self.lock(instance_id);
         let _g = lock.lock().await;
         let inst = self.must_load(instance_id).await?;
@@ -815,7 +838,8 @@ impl Provider for DockerAgent {
                     self.engine.stop(&c.name, secs).await?;
                     self.engine.start(&c.name).await?;
                     if role(&c.spec) != Role::Init {
-                        self.wait_up(&c.name, self.cfg.rollout_timeout, &never).await;
+                        self.wait_up(&c.name, self.cfg.rollout_timeout, &never)
+                            .await;
                     }
                 }
             }
@@ -881,7 +905,14 @@ impl Provider for DockerAgent {
             .filter(|c| c.prev)
             .map(|c| c.release.as_str())
             .collect();
-        if req.release_id != current && earlier.contains(req.release_id.as_str()) {
+        if req.release_id == current {
+            return Err(ProviderError::FailedPrecondition(format!(
+                "release {:?} is the current release with other services; \
+                 deploy a change under a new release id",
+                req.release_id
+            )));
+        }
+        if earlier.contains(req.release_id.as_str()) {
             return Err(ProviderError::FailedPrecondition(format!(
                 "release {:?} was deployed before; use Rollback to return to it",
                 req.release_id
@@ -898,7 +929,8 @@ impl Provider for DockerAgent {
                     .any(|c| c.hash != spec::spec_hash(s))
             })
             .collect();
-        self.roll(&inst, &changes, &req.release_id, recreate).await?;
+        self.roll(&inst, &changes, &req.release_id, recreate)
+            .await?;
         let status = self.status_of(&self.must_load(&id).await?).await;
         Ok(pb::DeployResponse {
             release_id: req.release_id,
@@ -1031,7 +1063,12 @@ impl Provider for DockerAgent {
 
     async fn logs(&self, req: pb::StreamLogsRequest) -> Result<LogStream> {
         let inst = self.must_load(&req.instance_id).await?;
-        if !req.service_name.is_empty() && !inst.containers.iter().any(|c| c.service == req.service_name) {
+        if !req.service_name.is_empty()
+            && !inst
+                .containers
+                .iter()
+                .any(|c| c.service == req.service_name)
+        {
             return Err(ProviderError::NotFound(format!(
                 "instance {} has no service {}",
                 req.instance_id, req.service_name
@@ -1070,8 +1107,15 @@ impl Provider for DockerAgent {
     async fn check_health(&self) -> Result<pb::CheckHealthResponse> {
         match self.engine.version().await {
             Ok(v) => {
-                *self.engine_version.lock().unwrap_or_else(|p| p.into_inner()) = v.clone();
-                let instances = self.engine.networks(&self.names.scope_filter()).await?.len();
+                *self
+                    .engine_version
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = v.clone();
+                let instances = self
+                    .engine
+                    .networks(&self.names.scope_filter())
+                    .await?
+                    .len();
                 Ok(pb::CheckHealthResponse {
                     healthy: true,
                     message: format!("{v} at {}", self.engine.host()),
@@ -1086,10 +1130,22 @@ impl Provider for DockerAgent {
         }
     }
 
-    async fn list_managed(&self, page_size: u32, page_token: &str) -> Result<pb::ListManagedResponse> {
+    async fn list_managed(
+        &self,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<pb::ListManagedResponse> {
         let mut nets = self.engine.networks(&self.names.scope_filter()).await?;
-        nets.sort_by(|a, b| a.labels.get(names::INSTANCE).cmp(&b.labels.get(names::INSTANCE)));
-        let size = if page_size == 0 { 100 } else { page_size.min(1000) } as usize;
+        nets.sort_by(|a, b| {
+            a.labels
+                .get(names::INSTANCE)
+                .cmp(&b.labels.get(names::INSTANCE))
+        });
+        let size = if page_size == 0 {
+            100
+        } else {
+            page_size.min(1000)
+        } as usize;
         let mut workloads = Vec::new();
         let mut next = String::new();
         for n in nets {

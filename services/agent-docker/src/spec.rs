@@ -543,8 +543,14 @@ mod tests {
         assert_eq!(h.init, Some(true));
         assert_eq!(h.network_mode.as_deref(), Some("cp.wl_1"));
         let pb = h.port_bindings.unwrap();
-        assert_eq!(pb["8080/tcp"].as_ref().unwrap()[0].host_port.as_deref(), Some(""));
-        assert_eq!(pb["53/udp"].as_ref().unwrap()[0].host_port.as_deref(), Some("5353"));
+        assert_eq!(
+            pb["8080/tcp"].as_ref().unwrap()[0].host_port.as_deref(),
+            Some("")
+        );
+        assert_eq!(
+            pb["53/udp"].as_ref().unwrap()[0].host_port.as_deref(),
+            Some("5353")
+        );
         let m = h.mounts.unwrap();
         assert_eq!(m[0].source.as_deref(), Some("cp.wl_1.web.data.1"));
         assert_eq!(
