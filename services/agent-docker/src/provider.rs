@@ -136,7 +136,7 @@ impl DockerAgent {
                 && needs_start(&inst)
             {
                 tracing::info!(instance = %id, "resuming an interrupted start sequence");
-                let _ = self.spawn_sequence(&id, false);
+                drop(self.spawn_sequence(&id, false));
             }
         }
     }
@@ -977,7 +977,7 @@ impl Provider for DockerAgent {
         let lock = self.lock(&id);
         let _g = lock.lock().await;
         let inst = self.must_load(&id).await?;
-        let res = req.resources.clone().unwrap_or_default();
+        let res = req.resources.unwrap_or_default();
         let targets: Vec<pb::ServiceSpec> = if req.service_name.is_empty() {
             inst.specs()
                 .into_iter()
@@ -1006,7 +1006,7 @@ impl Provider for DockerAgent {
         let release = inst.release();
         for old in targets {
             let mut new = old.clone();
-            let mut r = new.resources.clone().unwrap_or_default();
+            let mut r = new.resources.unwrap_or_default();
             if res.cpu_millis > 0 {
                 r.cpu_millis = res.cpu_millis;
             }

@@ -352,7 +352,7 @@ impl Replica<'_> {
             })
             .collect();
 
-        let res = spec.resources.clone().unwrap_or_default();
+        let res = spec.resources.unwrap_or_default();
         let is_init = role(spec) == Role::Init;
         let healthcheck = match (check(spec), &spec.health_check) {
             (Check::Command, Some(h)) => {
