@@ -125,8 +125,13 @@ pub async fn probe_once(plan: &Plan, ctx: &CommandContext, procs: &Processes) ->
                     .is_ok()
             }
             Probe::Http { port, path } => {
-                ctrlplane_agent::workload::http_ok(ports::ENDPOINT_HOST, *port as u16, path, plan.timeout)
-                    .await
+                ctrlplane_agent::workload::http_ok(
+                    ports::ENDPOINT_HOST,
+                    *port as u16,
+                    path,
+                    plan.timeout,
+                )
+                .await
             }
             Probe::Command { argv } => run_command(argv, ctx, procs, plan.timeout).await,
         }
