@@ -31,7 +31,7 @@ source tests/lib/common.sh
 
 ensure_python_tools
 command -v jq >/dev/null || apt_install jq
-for bin in ctrlplane ctrlplane-datacenter ctrlplane-agent-process ctrlplane-bootstrap; do
+for bin in ctrlplane ctrlplane-datacenter ctrlplane-agent-process ctrlplane-agent-docker ctrlplane-bootstrap; do
   [ -x "$CP_BIN_DIR/$bin" ] || die "$CP_BIN_DIR/$bin is missing (cargo build --workspace)"
 done
 export PATH="$CP_BIN_DIR:$PATH"
@@ -52,7 +52,13 @@ BS_SHELL_PID=""
 BS_PID=""
 HOOK_SHELL_PID=""
 HOOK_PID=""
+# The Docker agent for the README's Docker block: its own scope on the
+# engine, so only what this run created is swept at the end.
+DOCKER_AGENT_PID=""
+DOCKER_SCOPE=cpreadme-$$
 cleanup() {
+  stop_pid "$DOCKER_AGENT_PID"
+  sweep_docker_scope "$DOCKER_SCOPE"
   stop_pid "$HOOK_PID"
   stop_pid "$HOOK_SHELL_PID"
   stop_pid "$BS_PID"
@@ -168,11 +174,13 @@ readme_block() {
 # (`--port 9000`, `127.0.0.1:9000`). The test processes listen on free
 # ports; these rewrites are the only changes made to the blocks.
 AGENT_ADDR=127.0.0.1:$(free_port)
+DOCKER_AGENT_ADDR=127.0.0.1:$(free_port)
 BS_ADDR=127.0.0.1:$(free_port)
 HOOK_PORT=$(free_port)
 rewrite_addrs() {
   sed -e "s/localhost:7100/$ADDR/g" -e "s/127\.0\.0\.1:7100/$ADDR/g" \
     -e "s/localhost:7401/$AGENT_ADDR/g" -e "s/127\.0\.0\.1:7401/$AGENT_ADDR/g" \
+    -e "s/localhost:7402/$DOCKER_AGENT_ADDR/g" -e "s/127\.0\.0\.1:7402/$DOCKER_AGENT_ADDR/g" \
     -e "s/localhost:7200/$BS_ADDR/g" -e "s/127\.0\.0\.1:7200/$BS_ADDR/g" \
     -e "s/127\.0\.0\.1:9000/127.0.0.1:$HOOK_PORT/g" -e "s/--port 9000/--port $HOOK_PORT/g"
 }
@@ -335,6 +343,35 @@ readme_agent_process() {
   [ -z "$left" ] || { echo "processes of hello-1 still running after Deprovision: $left"; return 1; }
 }
 check "README process agent block works verbatim (Provision, GetStatus, StreamLogs, Deprovision)" readme_agent_process
+
+# --- README: the Docker agent ---------------------------------------------------
+
+header "README: the Docker agent block (run verbatim against the real engine)"
+readme_agent_docker() {
+  docker image inspect ctrlplane-testapp:dev >/dev/null 2>&1 ||
+    { echo "the image ctrlplane-testapp:dev is missing (deploy/build-images.sh)"; return 1; }
+  env "${UNSET_CP[@]}" CP_AUTH_SECRET="$CP_AUTH_SECRET" CP_LISTEN_ADDR="$DOCKER_AGENT_ADDR" \
+    CP_DOCKER_SCOPE="$DOCKER_SCOPE" CP_STATE_DIR="$WORK/agent-docker" \
+    "$CP_BIN_DIR/ctrlplane-agent-docker" >"$WORK/agent-docker.log" 2>&1 &
+  DOCKER_AGENT_PID=$!
+  wait_serving "$DOCKER_AGENT_ADDR" "$DOCKER_AGENT_PID" "$WORK/agent-docker.log" ||
+    { echo "the Docker agent never served on $DOCKER_AGENT_ADDR"; return 1; }
+  run_readme_blocks agent-docker
+  contains '"providerRef": "'"$DOCKER_SCOPE"'.web-1"'
+  section agent-docker | grep -q '"INSTANCE_STATE_RUNNING"' || { echo "web-1 not RUNNING"; return 1; }
+  section agent-docker | grep -q '"readyReplicas": 2' || { echo "not two ready replicas"; return 1; }
+  contains "$DOCKER_SCOPE.web-1.web.1 main Up"
+  contains "$DOCKER_SCOPE.web-1.migrate.0 init Exited (0)"
+  contains '"releaseId": "r2"'
+  contains '"line": "migrated"'
+  contains '"existed": true'
+  local left
+  left=$(docker ps -aq --filter "label=ctrlplane.io/scope=$DOCKER_SCOPE")
+  [ -z "$left" ] || { echo "containers left after Deprovision: $left"; return 1; }
+  [ -z "$(docker network ls -q --filter "label=ctrlplane.io/scope=$DOCKER_SCOPE")" ] ||
+    { echo "network left after Deprovision"; return 1; }
+}
+check "README Docker agent block works verbatim (Provision, status, docker ps, Deploy, logs, Deprovision)" readme_agent_docker
 
 # --- README: bootstrap services with a rule hook and a remote hook ------------
 

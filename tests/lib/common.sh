@@ -270,3 +270,16 @@ kill_workloads_under() {
   done
   kill -KILL "${pids[@]}" 2>/dev/null || true
 }
+
+# sweep_docker_scope SCOPE — removes every container, network and volume the
+# Docker agent created under SCOPE (label ctrlplane.io/scope), if any.
+sweep_docker_scope() {
+  command -v docker >/dev/null || return 0
+  local f="label=ctrlplane.io/scope=$1" ids
+  ids=$(docker ps -aq --filter "$f" 2>/dev/null || true)
+  [ -z "$ids" ] || docker rm -f -v $ids >/dev/null 2>&1 || true
+  ids=$(docker network ls -q --filter "$f" 2>/dev/null || true)
+  [ -z "$ids" ] || docker network rm $ids >/dev/null 2>&1 || true
+  ids=$(docker volume ls -q --filter "$f" 2>/dev/null || true)
+  [ -z "$ids" ] || docker volume rm -f $ids >/dev/null 2>&1 || true
+}

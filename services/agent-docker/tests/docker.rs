@@ -372,3 +372,54 @@ async fn a_missing_engine_is_unhealthy_and_unavailable_not_a_panic() {
     let ok = DockerAgent::new(DockerConfig::new(DOCKER_HOST, dir.path()));
     assert!(ok.check_health().await.unwrap().healthy);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_changes_limits_replica_by_replica_and_counts() {
+    let (dir, scope, _sweeper) = setup();
+    let agent = DockerAgent::new(docker_config(dir.path(), &scope));
+    let id = "wl_scale";
+    let mut main = svc("main", pb::ServiceRole::Main, &["sleep"]);
+    main.resources = Some(pb::ResourceSpec {
+        memory_mb: 32,
+        ..Default::default()
+    });
+    agent
+        .provision(request(id, pb::WorkloadKind::Deployment, vec![main]))
+        .await
+        .unwrap();
+    running_ready(&agent, id).await;
+    let s = agent
+        .scale(pb::ScaleRequest {
+            instance_id: id.into(),
+            service_name: String::new(),
+            resources: Some(pb::ResourceSpec {
+                memory_mb: 48,
+                replicas: 2,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    assert_eq!(s.services["main"].replicas, 2, "{s:?}");
+    for r in 0..2 {
+        let c = inspect("container", &format!("{scope}.{id}.main.{r}"));
+        assert_eq!(c["HostConfig"]["Memory"], 48 * 1024 * 1024, "replica {r}");
+    }
+    // The replaced replica 0 is kept as its previous generation.
+    let prev = inspect("container", &format!("{scope}.{id}.main.0.prev"));
+    assert_eq!(prev["HostConfig"]["Memory"], 32 * 1024 * 1024);
+    running_ready(&agent, id).await;
+    // Init services cannot be scaled; unknown services are NOT_FOUND.
+    let err = agent
+        .scale(pb::ScaleRequest {
+            instance_id: id.into(),
+            service_name: "nope".into(),
+            resources: Some(pb::ResourceSpec {
+                replicas: 3,
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ProviderError::NotFound(_)), "{err:?}");
+}
