@@ -284,3 +284,40 @@ async fn heartbeats_renew_the_lease_and_revocation_stops_them() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn auto_join_mints_its_own_single_use_token_with_the_secret() {
+    let s = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(&s, dir.path(), None);
+    o.auto_join = Some(std::sync::Arc::new(
+        ctrlplane_runtime::auth::Authenticator::new(common::server::SECRET),
+    ));
+    let id = ensure_identity(&o).await.unwrap();
+    assert_eq!(agents(&s, "nomad").await.len(), 1);
+    assert_eq!(load_identity(dir.path()).unwrap(), Some(id.clone()));
+    // The minted token was used up and is forgotten with the key.
+    assert!(
+        !dir.path()
+            .join(ctrlplane_agent::join::AUTO_TOKEN_FILE)
+            .exists()
+    );
+    assert!(!dir.path().join(JOIN_KEY_FILE).exists());
+    // Joined once: a restart keeps the identity, registers nobody new.
+    assert_eq!(ensure_identity(&o).await.unwrap(), id);
+    assert_eq!(agents(&s, "nomad").await.len(), 1);
+
+    // A secret the control plane does not share is a final refusal.
+    let other = tempfile::tempdir().unwrap();
+    let mut o = options(&s, other.path(), None);
+    o.auto_join = Some(std::sync::Arc::new(
+        ctrlplane_runtime::auth::Authenticator::new(b"another-secret-another-secret-another"),
+    ));
+    match ensure_identity(&o).await.unwrap_err() {
+        JoinError::Rejected { code, message } => {
+            assert_eq!(code, Code::Unauthenticated, "{message}");
+            assert!(message.contains("CP_AUTH_SECRET"), "{message}");
+        }
+        e => panic!("{e:?}"),
+    }
+}
