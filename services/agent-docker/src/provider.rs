@@ -132,11 +132,47 @@ impl DockerAgent {
             let Some(id) = n.labels.get(names::INSTANCE).cloned() else {
                 continue;
             };
+            if let Ok(Some(inst)) = self.load(&id).await {
+                self.repair(&inst).await;
+            }
             if let Ok(Some(inst)) = self.load(&id).await
                 && needs_start(&inst)
             {
                 tracing::info!(instance = %id, "resuming an interrupted start sequence");
                 drop(self.spawn_sequence(&id, false));
+            }
+        }
+    }
+
+    /// Finishes what a replacement cut short by a crash left: a replica
+    /// whose current container is missing while its previous generation
+    /// exists gets the previous one back under its name (started, unless
+    /// it is an init), so no replica is lost between the two steps.
+    async fn repair(&self, inst: &Instance) {
+        let current: HashSet<&str> = inst.current().map(|c| c.name.as_str()).collect();
+        for prev in inst.containers.iter().filter(|c| c.prev) {
+            let name = self.names.container(&inst.id, &prev.service, prev.replica);
+            if current.contains(name.as_str()) {
+                continue;
+            }
+            tracing::warn!(instance = %inst.id, container = %name, "restoring a replica whose replacement was cut short");
+            let Ok(d) = self.engine.client().await else {
+                return;
+            };
+            let renamed = d
+                .rename_container(
+                    &prev.name,
+                    RenameContainerOptionsBuilder::default().name(&name).build(),
+                )
+                .await;
+            if let Err(e) = renamed {
+                tracing::warn!(container = %name, "restoring: {e}");
+                continue;
+            }
+            if role(&prev.spec) != Role::Init
+                && let Err(e) = self.engine.start(&name).await
+            {
+                tracing::warn!(container = %name, "restoring: {e}");
             }
         }
     }

@@ -423,3 +423,42 @@ async fn scale_changes_limits_replica_by_replica_and_counts() {
         .unwrap_err();
     assert!(matches!(err, ProviderError::NotFound(_)), "{err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_cut_short_by_a_crash_is_repaired_at_start() {
+    let (dir, scope, _sweeper) = setup();
+    let agent = DockerAgent::new(docker_config(dir.path(), &scope));
+    let id = "wl_repair";
+    agent
+        .provision(request(
+            id,
+            pb::WorkloadKind::Deployment,
+            vec![svc("main", pb::ServiceRole::Main, &["sleep"])],
+        ))
+        .await
+        .unwrap();
+    running_ready(&agent, id).await;
+    drop(agent);
+    // What a crash between "rename to .prev" and "create the new one"
+    // leaves: only the stopped previous generation.
+    let name = format!("{scope}.{id}.main.0");
+    for args in [
+        vec!["stop", "-t", "1", name.as_str()],
+        vec!["rename", name.as_str(), &format!("{name}.prev")],
+    ] {
+        let out = std::process::Command::new("docker")
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "docker {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let agent = DockerAgent::new(docker_config(dir.path(), &scope));
+    agent.start().await;
+    let s = running_ready(&agent, id).await;
+    assert_eq!(s.services["main"].replicas, 1, "{s:?}");
+    assert_eq!(inspect("container", &name)["State"]["Running"], true);
+}
