@@ -300,7 +300,8 @@ readme_grpcurl() {
   section grpcurl-agents >"$WORK/agents.out"
   grep -qE '"agentId": "agt_[0-9a-z]{26}"' "$WORK/agents.out" || { echo "JoinAgent output missing"; return 1; }
   grep -qF '"credential": "' "$WORK/agents.out" || { echo "JoinAgent returns no credential"; return 1; }
-  grep -qF '"endpoint": "http://127.0.0.1:7402"' "$WORK/agents.out" || { echo "ListAgents does not show the docker agent"; return 1; }
+  # (7402, the Docker agent's default port, is rewritten like every address.)
+  grep -qF "\"endpoint\": \"http://$DOCKER_AGENT_ADDR\"" "$WORK/agents.out" || { echo "ListAgents does not show the docker agent"; return 1; }
   section grpcurl-errors >"$WORK/errors.out"
   [ "$(grep -c '^  Code: ' "$WORK/errors.out")" = 4 ] || { echo "all four error examples must fail"; return 1; }
   grep -qF 'Code: InvalidArgument' "$WORK/errors.out" || { echo "no InvalidArgument"; return 1; }
