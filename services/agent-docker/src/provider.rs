@@ -68,6 +68,9 @@ pub struct DockerAgent {
     sequences: StdMutex<HashMap<String, (CancellationToken, Done)>>,
     self_container: tokio::sync::OnceCell<Option<String>>,
     engine_version: StdMutex<String>,
+    /// Why the last start sequence of an instance failed (cleared by the
+    /// next one that succeeds).
+    start_errors: StdMutex<HashMap<String, String>>,
     me: std::sync::Weak<DockerAgent>,
 }
 
@@ -85,6 +88,7 @@ impl DockerAgent {
             sequences: StdMutex::new(HashMap::new()),
             self_container: tokio::sync::OnceCell::new(),
             engine_version: StdMutex::new(String::new()),
+            start_errors: StdMutex::new(HashMap::new()),
         })
     }
 
@@ -340,9 +344,26 @@ impl DockerAgent {
             .collect()
     }
 
+    /// The status; a start sequence that failed (a port already taken, a
+    /// bad mount…) while containers wait unstarted makes it FAILED with
+    /// the engine's reason.
     async fn status_of(&self, inst: &Instance) -> pb::InstanceStatus {
         let probes = self.probes(inst).await;
-        state::status(inst, &self.cfg.endpoint_host, &probes)
+        let mut status = state::status(inst, &self.cfg.endpoint_host, &probes);
+        let error = self
+            .start_errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&inst.id)
+            .cloned();
+        if let Some(e) = error
+            && needs_start(inst)
+        {
+            status.state = pb::InstanceState::Failed as i32;
+            status.ready = false;
+            status.message = format!("start failed: {e}");
+        }
+        status
     }
 
     /// Whether a replica is up: running, ready, and (without a health
@@ -357,11 +378,7 @@ impl DockerAgent {
             return Ok(ReplicaUp::Gone);
         };
         if !c.running() {
-            return Ok(match c.status() {
-                bollard::models::ContainerStateStatusEnum::EXITED
-                | bollard::models::ContainerStateStatusEnum::DEAD => ReplicaUp::Exited,
-                _ => ReplicaUp::No,
-            });
+            return Ok(ReplicaUp::No);
         }
         let ready = match spec::check(&c.spec) {
             Check::None => c.started_at().is_some_and(|t| {
@@ -374,15 +391,15 @@ impl DockerAgent {
     }
 
     /// Waits until a replica is up, for at most `timeout`; `false` when it
-    /// exited, vanished or the time ran out.
+    /// vanished, the time ran out or `cancel` fired. (A replica that exits
+    /// meanwhile is waited for: the engine restarts mains and sidecars.)
     async fn wait_up(&self, name: &str, timeout: Duration, cancel: &CancellationToken) -> bool {
         let until = Instant::now() + timeout;
         loop {
             match self.replica_up(name).await {
                 Ok(ReplicaUp::Yes) => return true,
                 Ok(ReplicaUp::Gone) => return false,
-                // A main that exits is restarted by the engine: keep waiting.
-                Ok(ReplicaUp::No | ReplicaUp::Exited) | Err(_) => {}
+                Ok(ReplicaUp::No) | Err(_) => {}
             }
             if Instant::now() >= until || cancel.is_cancelled() {
                 return false;
@@ -485,8 +502,16 @@ impl DockerAgent {
         let id_owned = id.to_string();
         let c = cancel.clone();
         let done: Done = tokio::spawn(async move {
-            if let Err(e) = me.sequence(&id_owned, rerun_inits, &c).await {
-                tracing::warn!(instance = %id_owned, "start sequence: {e}");
+            let r = me.sequence(&id_owned, rerun_inits, &c).await;
+            let mut errors = me.start_errors.lock().unwrap_or_else(|p| p.into_inner());
+            match r {
+                Ok(()) => {
+                    errors.remove(&id_owned);
+                }
+                Err(e) => {
+                    tracing::warn!(instance = %id_owned, "start sequence: {e}");
+                    errors.insert(id_owned, e.to_string());
+                }
             }
         })
         .map(|_| ())
@@ -672,7 +697,6 @@ impl DockerAgent {
 enum ReplicaUp {
     Yes,
     No,
-    Exited,
     Gone,
 }
 
@@ -796,6 +820,10 @@ impl Provider for DockerAgent {
         let lock = self.lock(instance_id);
         let _g = lock.lock().await;
         self.cancel_sequence(instance_id).await;
+        self.start_errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(instance_id);
         let filter = self.names.instance_filter(instance_id);
         let (nets, containers, volumes) = tokio::try_join!(
             self.engine.networks(&filter),

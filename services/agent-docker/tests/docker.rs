@@ -462,3 +462,33 @@ async fn a_replacement_cut_short_by_a_crash_is_repaired_at_start() {
     assert_eq!(s.services["main"].replicas, 1, "{s:?}");
     assert_eq!(inspect("container", &name)["State"]["Running"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_the_engine_refuses_is_failed_with_its_reason() {
+    let (dir, scope, _sweeper) = setup();
+    let agent = DockerAgent::new(docker_config(dir.path(), &scope));
+    // Two replicas on one fixed host port: the second cannot start.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut main = svc("main", pb::ServiceRole::Main, &["serve"]);
+    main.ports = vec![pb::PortSpec {
+        container: 8080,
+        host: i32::from(port),
+        ..Default::default()
+    }];
+    main.resources = Some(pb::ResourceSpec {
+        replicas: 2,
+        ..Default::default()
+    });
+    agent
+        .provision(request("wl_port", pb::WorkloadKind::Deployment, vec![main]))
+        .await
+        .unwrap();
+    let s = agent.status("wl_port").await.unwrap();
+    assert_eq!(s.state, pb::InstanceState::Failed as i32, "{s:?}");
+    assert!(s.message.starts_with("start failed:"), "{s:?}");
+    assert!(s.message.contains(&port.to_string()), "{s:?}");
+}
