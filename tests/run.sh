@@ -8,11 +8,18 @@
 #    pytest, PyJWT, googleapis-common-protos);
 # 2. starts a throwaway PostgreSQL on 127.0.0.1 (stopped on exit) and exports
 #    CP_TEST_POSTGRES_URL for the Rust store tests;
-# 3. cargo fmt --check, buf lint, clippy -D warnings, build, nextest;
-# 4. the grpcurl tests (incl. the README's examples, run verbatim: they start
+# 3. cargo fmt --check, buf lint, compose config, clippy -D warnings,
+#    build, nextest;
+# 4. deploy/build-images.sh: static binaries and the FROM scratch images
+#    ctrlplane:dev and ctrlplane-testapp:dev (before nextest: the Docker
+#    agent's conformance tests run the test image);
+# 5. the grpcurl tests (incl. the README's examples, run verbatim: they start
 #    a real ctrlplane-agent-process that joins with a join token) and the
 #    Python client tests (which join agents through the generated
-#    AgentRegistryService stub) against the built binaries.
+#    AgentRegistryService stub) against the built binaries;
+# 6. tests/compose/run.sh: the README's Docker Compose blocks verbatim (the
+#    whole stack with the Docker agent, workloads as containers) and checks
+#    on the Docker engine.
 #
 # Every step prints a header; a failed check step does not stop the later
 # ones (a failed build does). The last line sums up; the exit code is
@@ -154,16 +161,23 @@ setup "PostgreSQL for the store tests" start_postgres
 check "cargo fmt --all --check" cargo fmt --all --check || true
 check "buf lint (proto/)" bash -c 'cd proto && buf lint' || true
 compose_config() {
-  if command -v docker-compose >/dev/null 2>&1; then
-    docker-compose -f docker-compose.yml config -q
-  else
-    docker compose -f docker-compose.yml config -q
-  fi
+  local compose=(docker compose)
+  command -v docker-compose >/dev/null 2>&1 && compose=(docker-compose)
+  "${compose[@]}" -f docker-compose.yml config -q
+  "${compose[@]}" -f docker-compose.yml -f docker-compose.postgres.yml config -q
 }
-check "docker-compose.yml is valid" compose_config || true
+check "docker-compose.yml (+ docker-compose.postgres.yml) is valid" compose_config || true
 check "cargo clippy --workspace --all-targets -- -D warnings" \
   cargo clippy --workspace --all-targets -- -D warnings || true
 required check "cargo build --workspace --all-targets" cargo build --workspace --all-targets
+
+# The FROM scratch images ctrlplane:dev and ctrlplane-testapp:dev: the Docker
+# agent's conformance tests (in nextest) run ctrlplane-testapp:dev, and the
+# compose test runs both.
+build_images() {
+  timeout 1200 deploy/build-images.sh 2>&1 | tee "$LOG_DIR/images.log"
+}
+check "container images (deploy/build-images.sh)" build_images || true
 
 nextest() {
   timeout 1500 cargo nextest run --workspace --no-fail-fast 2>&1 | tee "$LOG_DIR/nextest.log"
@@ -185,6 +199,12 @@ python_tests() {
 }
 step "Python client tests (pytest tests/python)" python_tests || true
 tally "$LOG_DIR/pytest.log" '[0-9]+ (passed|failed).* in [0-9.]+s'
+
+compose_tests() {
+  timeout 900 bash tests/compose/run.sh 2>&1 | tee "$LOG_DIR/compose.log"
+}
+step "Docker Compose end to end + README compose blocks (tests/compose/run.sh)" compose_tests || true
+tally "$LOG_DIR/compose.log" '^compose: [0-9]+ passed'
 
 summary
 [ "$FAILED" -eq 0 ]

@@ -13,6 +13,7 @@ use crate::cmd::agents::AgentsArgs;
 use crate::cmd::bootstrap::BootstrapArgs;
 use crate::cmd::datacenter::DatacenterArgs;
 use crate::cmd::events::EventsArgs;
+use crate::cmd::health::HealthArgs;
 use crate::cmd::token::TokenArgs;
 use crate::cmd::up::UpArgs;
 use crate::cmd::workers::WorkersArgs;
@@ -105,6 +106,8 @@ pub enum Command {
     Events(EventsArgs),
     /// Run the whole control plane on this machine (SQLite, process agent) until Ctrl-C
     Up(UpArgs),
+    /// Check a service's gRPC health (exit 0 iff SERVING); needs no token
+    Health(HealthArgs),
 }
 
 #[cfg(test)]

@@ -40,6 +40,9 @@ pub enum CliError {
         /// The address it was called at.
         addr: String,
     },
+    /// A health check found the service not serving (or could not ask it).
+    #[error("{0}")]
+    Unhealthy(String),
     /// Writing the output failed.
     #[error("cannot write output: {0}")]
     Io(#[from] std::io::Error),

@@ -8,7 +8,7 @@
 //! - [`context`]: addresses, token and config file resolution, and the gRPC
 //!   clients every server-facing command gets from it;
 //! - [`cmd`]: the commands (`token`, `datacenter`, `agents`, `bootstrap`,
-//!   `workers`, `events`, `up`);
+//!   `workers`, `events`, `up`, `health`);
 //! - [`input`]: `KEY=VALUE` flags and proto-JSON input files;
 //! - [`output`]: tables, `Key: value` views, proto JSON;
 //! - [`error`]: the error type and how failures (gRPC statuses with their
@@ -63,5 +63,6 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
             cmd::events::run(&ctx, args, cli.global.output, out).await
         }
         Command::Up(args) => cmd::up::run(&cli.global, args, out).await,
+        Command::Health(args) => cmd::health::run(&args, cli.global.timeout, out).await,
     }
 }

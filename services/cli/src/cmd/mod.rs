@@ -6,6 +6,7 @@ pub mod agents;
 pub mod bootstrap;
 pub mod datacenter;
 pub mod events;
+pub mod health;
 pub mod token;
 pub mod up;
 pub mod workers;
