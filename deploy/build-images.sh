@@ -149,6 +149,10 @@ build_image() { # build_image NAME CONTEXT
 build_image "ctrlplane:$TAG" "$CONTEXT_DIR/ctrlplane"
 build_image "ctrlplane-testapp:$TAG" "$CONTEXT_DIR/testapp"
 
+# The images these tags pointed at before, now untagged and unused, go
+# (only dangling ones carrying our label).
+docker image prune -f --filter label=io.ctrlplane.image >/dev/null 2>&1 || true
+
 # Each starts in its FROM scratch image.
 docker run --rm "ctrlplane:$TAG" ctrlplane --version >/dev/null \
   || die "ctrlplane:$TAG does not run \`ctrlplane --version\`"

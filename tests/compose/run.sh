@@ -81,10 +81,16 @@ export COMPOSE_PROJECT_NAME="cpcompose$SUFFIX"
 export CP_DOCKER_SCOPE="cpcompose-$SUFFIX"
 CP_AUTH_SECRET=$(random_secret)
 export CP_AUTH_SECRET
-DC_PORT=$(free_port)
-BS_PORT=$(free_port)
-SCHED_PORT=$(free_port)
-AGENT_PORT=$(free_port)
+# four_ports — four distinct free loopback ports.
+four_ports() {
+  local ports=() p
+  while [ ${#ports[@]} -lt 4 ]; do
+    p=$(free_port)
+    case " ${ports[*]} " in *" $p "*) ;; *) ports+=("$p") ;; esac
+  done
+  echo "${ports[@]}"
+}
+read -r DC_PORT BS_PORT SCHED_PORT AGENT_PORT < <(four_ports)
 export CP_DATACENTER_PORT=$DC_PORT CP_BOOTSTRAP_PORT=$BS_PORT \
   CP_SCHEDULER_PORT=$SCHED_PORT CP_AGENT_DOCKER_PORT=$AGENT_PORT
 DC_ADDR=127.0.0.1:$DC_PORT
