@@ -64,20 +64,7 @@ pub fn parse_frame(out: &LogOutput) -> Vec<Entry> {
 pub fn select(mut entries: Vec<Entry>, since: Option<DateTime<Utc>>, tail: usize) -> Vec<Entry> {
     entries.retain(|e| since.is_none_or(|s| e.time >= s));
     entries.sort_by_key(|e| e.time);
-    if tail > 0 {
-        for stream in [pb::LogStream::Stdout, pb::LogStream::Stderr] {
-            let count = entries.iter().filter(|e| e.stream == stream).count();
-            let mut skip = count.saturating_sub(tail);
-            entries.retain(|e| {
-                if e.stream == stream && skip > 0 {
-                    skip -= 1;
-                    false
-                } else {
-                    true
-                }
-            });
-        }
-    }
+    ctrlplane_agent::workload::keep_tail(&mut entries, tail, |e| e.stream);
     entries
 }
 

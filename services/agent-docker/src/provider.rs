@@ -663,16 +663,16 @@ impl DockerAgent {
     async fn roll(
         &self,
         inst: &Instance,
-        changes: &[(pb::ServiceSpec, Option<u32>)],
+        changes: &[pb::ServiceSpec],
         release: &str,
         recreate: bool,
     ) -> Result<()> {
-        let specs: Vec<&pb::ServiceSpec> = changes.iter().map(|(s, _)| s).collect();
+        let specs: Vec<&pb::ServiceSpec> = changes.iter().collect();
         for s in &specs {
             self.engine.ensure_image(&s.image).await?;
         }
         let secrets = self.secrets(&specs)?;
-        for (spec, _) in changes {
+        for spec in changes {
             let reps = inst.replicas(&spec.name);
             if recreate {
                 join_all(
@@ -934,23 +934,21 @@ impl Provider for DockerAgent {
                 )));
             };
             let mut new = old.clone();
-            if !d.image.is_empty() {
-                new.image = d.image.clone();
-            }
-            new.env = d.env.clone();
-            if d.health_check.is_some() {
-                new.health_check = d.health_check.clone();
-            }
-            if !d.command.is_empty() {
-                new.command = d.command.clone();
-            }
-            if !d.args.is_empty() {
-                new.args = d.args.clone();
-            }
-            changes.push((new, None));
+            ctrlplane_agent::workload::apply_deploy(&mut new, d);
+            changes.push(new);
         }
+        // The services as they would run must still be valid.
+        let mut after: Vec<pb::ServiceSpec> = specs.values().cloned().collect();
+        for new in &changes {
+            if let Some(s) = after.iter_mut().find(|s| s.name == new.name) {
+                *s = new.clone();
+            }
+        }
+        let mut v = ctrlplane_core::Violations::new();
+        ctrlplane_core::validate::service_specs(&mut v, "services", &after);
+        v.into_result()?;
         let current = inst.release();
-        let all_same = changes.iter().all(|(s, _)| {
+        let all_same = changes.iter().all(|s| {
             inst.replicas(&s.name)
                 .iter()
                 .all(|c| c.hash == spec::spec_hash(s))
@@ -987,7 +985,7 @@ impl Provider for DockerAgent {
         // Only changed services are touched.
         let changes: Vec<_> = changes
             .into_iter()
-            .filter(|(s, _)| {
+            .filter(|s| {
                 inst.replicas(&s.name)
                     .iter()
                     .any(|c| c.hash != spec::spec_hash(s))
@@ -1024,7 +1022,7 @@ impl Provider for DockerAgent {
         let mut seen = HashSet::new();
         for c in prevs.iter().filter(|c| c.release == target) {
             if seen.insert(c.service.clone()) {
-                changes.push((c.spec.clone(), None));
+                changes.push(c.spec.clone());
             }
         }
         self.cancel_sequence(&id).await;

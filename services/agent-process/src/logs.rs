@@ -337,20 +337,7 @@ pub fn select(entries: Vec<Entry>, query: &Query) -> Vec<Entry> {
         .into_iter()
         .filter(|e| query.since.is_none_or(|s| e.time >= s))
         .collect();
-    if query.tail > 0 {
-        for stream in [Stream::Stdout, Stream::Stderr] {
-            let count = entries.iter().filter(|e| e.stream == stream).count();
-            let mut skip = count.saturating_sub(query.tail);
-            entries.retain(|e| {
-                if e.stream == stream && skip > 0 {
-                    skip -= 1;
-                    false
-                } else {
-                    true
-                }
-            });
-        }
-    }
+    ctrlplane_agent::workload::keep_tail(&mut entries, query.tail, |e| e.stream);
     entries
 }
 

@@ -400,19 +400,7 @@ impl Provider for Agent {
                 )));
             };
             let before = spec.clone();
-            if !d.image.is_empty() {
-                spec.image = d.image.clone();
-            }
-            spec.env = d.env.clone();
-            if d.health_check.is_some() {
-                spec.health_check = d.health_check.clone();
-            }
-            if !d.command.is_empty() {
-                spec.command = d.command.clone();
-            }
-            if !d.args.is_empty() {
-                spec.args = d.args.clone();
-            }
+            ctrlplane_agent::workload::apply_deploy(spec, d);
             if *spec != before && !changed.contains(&spec.name) {
                 changed.push(spec.name.clone());
             }

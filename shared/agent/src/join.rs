@@ -275,19 +275,15 @@ async fn auto_join_token(opts: &JoinOptions, auth: &Authenticator) -> Result<Str
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_err(&path)(e)),
     }
-    let mut attempt = 0u32;
-    loop {
-        attempt += 1;
+    let client = AgentRegistryServiceClient::new(channel(&opts.control_plane)?);
+    let token = with_retries(opts, "auto-join: CreateJoinToken", || {
+        // A fresh short-lived admin token per attempt.
         let admin = auth.mint(&Claims::new(
             format!("agent-auto-join:{}", opts.provider_name),
             "",
             vec![ROLE_ADMIN.to_string()],
             Duration::from_secs(60),
         ));
-        let mut client = AgentRegistryServiceClient::new(authed_channel(
-            &opts.control_plane,
-            BearerInterceptor::fixed(&admin)?,
-        )?);
         let mut req = tonic::Request::new(pb::CreateJoinTokenRequest {
             provider_name: opts.provider_name.clone(),
             ttl: Some(ctrlplane_proto::pbjson_types::Duration {
@@ -297,13 +293,45 @@ async fn auto_join_token(opts: &JoinOptions, auth: &Authenticator) -> Result<Str
             max_uses: 1,
         });
         req.set_timeout(Duration::from_secs(10));
-        match client.create_join_token(req).await {
-            Ok(resp) => {
-                let token = resp.into_inner().token;
-                write_private(&path, token.as_bytes())?;
-                tracing::info!("auto-join: minted a single-use join token");
-                return Ok(token);
-            }
+        let bearer = format!("Bearer {admin}").parse();
+        let mut client = client.clone();
+        async move {
+            let bearer = bearer.map_err(|_| tonic::Status::internal("a JWT is valid metadata"))?;
+            req.metadata_mut().insert("authorization", bearer);
+            Ok(client.create_join_token(req).await?.into_inner().token)
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        JoinError::Rejected { code, message } => JoinError::Rejected {
+            code,
+            message: format!(
+                "auto-join: CreateJoinToken refused (is CP_AUTH_SECRET the control plane's secret?): {message}"
+            ),
+        },
+        e => e,
+    })?;
+    write_private(&path, token.as_bytes())?;
+    tracing::info!("auto-join: minted a single-use join token");
+    Ok(token)
+}
+
+/// Runs `call` until it succeeds, retrying with backoff while the failure
+/// is [`retryable`] (up to `opts.max_attempts`); any other failure is a
+/// final [`JoinError::Rejected`].
+async fn with_retries<T, F>(
+    opts: &JoinOptions,
+    what: &str,
+    mut call: impl FnMut() -> F,
+) -> Result<T, JoinError>
+where
+    F: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        match call().await {
+            Ok(v) => return Ok(v),
             Err(status) if retryable(status.code()) => {
                 if opts.max_attempts.is_some_and(|max| attempt >= max) {
                     return Err(JoinError::GaveUp {
@@ -313,16 +341,13 @@ async fn auto_join_token(opts: &JoinOptions, auth: &Authenticator) -> Result<Str
                     });
                 }
                 let delay = backoff(attempt - 1, opts.initial_backoff, opts.max_backoff);
-                tracing::warn!(attempt, ?delay, code = ?status.code(), message = status.message(), "auto-join: CreateJoinToken failed; retrying");
+                tracing::warn!(attempt, ?delay, code = ?status.code(), message = status.message(), "{what} failed; retrying");
                 tokio::time::sleep(delay).await;
             }
             Err(status) => {
                 return Err(JoinError::Rejected {
                     code: status.code(),
-                    message: format!(
-                        "auto-join: CreateJoinToken refused (is CP_AUTH_SECRET the control plane's secret?): {}",
-                        status.message()
-                    ),
+                    message: status.message().to_string(),
                 });
             }
         }
@@ -358,7 +383,7 @@ pub async fn ensure_identity(opts: &JoinOptions) -> Result<Identity, JoinError> 
         }
     };
     let key = join_key(&opts.state_dir)?;
-    let mut client = AgentRegistryServiceClient::new(channel(&opts.control_plane)?);
+    let client = AgentRegistryServiceClient::new(channel(&opts.control_plane)?);
     let request = pb::JoinAgentRequest {
         token,
         provider_name: opts.provider_name.clone(),
@@ -368,52 +393,28 @@ pub async fn ensure_identity(opts: &JoinOptions) -> Result<Identity, JoinError> 
         capabilities: opts.capabilities.clone(),
         idempotency_key: key,
     };
-    let mut attempt = 0u32;
-    loop {
-        attempt += 1;
+    let r = with_retries(opts, "join", || {
         let mut req = tonic::Request::new(request.clone());
         req.set_timeout(Duration::from_secs(10));
-        match client.join_agent(req).await {
-            Ok(resp) => {
-                let r = resp.into_inner();
-                let identity = Identity {
-                    agent_id: r.agent_id,
-                    credential: r.credential,
-                    provider_name: opts.provider_name.clone(),
-                    control_plane: opts.control_plane.clone(),
-                    heartbeat_interval_ms: r
-                        .heartbeat_interval
-                        .map(|d| {
-                            (d.seconds.max(0) as u64) * 1000 + (d.nanos.max(0) as u64) / 1_000_000
-                        })
-                        .unwrap_or(10_000),
-                };
-                store_identity(&opts.state_dir, &identity)?;
-                let _ = std::fs::remove_file(opts.state_dir.join(JOIN_KEY_FILE));
-                let _ = std::fs::remove_file(opts.state_dir.join(AUTO_TOKEN_FILE));
-                tracing::info!(agent_id = %identity.agent_id, "joined the control plane");
-                return Ok(identity);
-            }
-            Err(status) if retryable(status.code()) => {
-                if opts.max_attempts.is_some_and(|max| attempt >= max) {
-                    return Err(JoinError::GaveUp {
-                        addr: opts.control_plane.clone(),
-                        attempts: attempt,
-                        last: format!("{:?}: {}", status.code(), status.message()),
-                    });
-                }
-                let delay = backoff(attempt - 1, opts.initial_backoff, opts.max_backoff);
-                tracing::warn!(attempt, ?delay, code = ?status.code(), message = status.message(), "join failed; retrying");
-                tokio::time::sleep(delay).await;
-            }
-            Err(status) => {
-                return Err(JoinError::Rejected {
-                    code: status.code(),
-                    message: status.message().to_string(),
-                });
-            }
-        }
-    }
+        let mut client = client.clone();
+        async move { Ok(client.join_agent(req).await?.into_inner()) }
+    })
+    .await?;
+    let identity = Identity {
+        agent_id: r.agent_id,
+        credential: r.credential,
+        provider_name: opts.provider_name.clone(),
+        control_plane: opts.control_plane.clone(),
+        heartbeat_interval_ms: r
+            .heartbeat_interval
+            .map(|d| (d.seconds.max(0) as u64) * 1000 + (d.nanos.max(0) as u64) / 1_000_000)
+            .unwrap_or(10_000),
+    };
+    store_identity(&opts.state_dir, &identity)?;
+    let _ = std::fs::remove_file(opts.state_dir.join(JOIN_KEY_FILE));
+    let _ = std::fs::remove_file(opts.state_dir.join(AUTO_TOKEN_FILE));
+    tracing::info!(agent_id = %identity.agent_id, "joined the control plane");
+    Ok(identity)
 }
 
 /// Why the heartbeat loop stopped.

@@ -60,6 +60,51 @@ pub fn dependency_order(
     placed
 }
 
+/// Applies what a Deploy changes of one service: the image (when given),
+/// the whole env, the health check (when given), command and args (when
+/// non-empty).
+pub fn apply_deploy(spec: &mut pb::ServiceSpec, d: &pb::DeployService) {
+    if !d.image.is_empty() {
+        spec.image = d.image.clone();
+    }
+    spec.env = d.env.clone();
+    if d.health_check.is_some() {
+        spec.health_check = d.health_check.clone();
+    }
+    if !d.command.is_empty() {
+        spec.command = d.command.clone();
+    }
+    if !d.args.is_empty() {
+        spec.args = d.args.clone();
+    }
+}
+
+/// Keeps, of `items` in order, the last `tail` of each stream (0 = all):
+/// StreamLogs' `tail` counts stdout and stderr lines separately.
+pub fn keep_tail<T, S: PartialEq>(items: &mut Vec<T>, tail: usize, stream_of: impl Fn(&T) -> S) {
+    if tail == 0 {
+        return;
+    }
+    let mut seen: Vec<(S, usize)> = Vec::new();
+    let mut keep = vec![false; items.len()];
+    for (i, item) in items.iter().enumerate().rev() {
+        let s = stream_of(item);
+        let n = match seen.iter_mut().find(|(k, _)| *k == s) {
+            Some((_, n)) => n,
+            None => {
+                seen.push((s, 0));
+                &mut seen.last_mut().expect("just pushed").1
+            }
+        };
+        if *n < tail {
+            *n += 1;
+            keep[i] = true;
+        }
+    }
+    let mut flags = keep.into_iter();
+    items.retain(|_| flags.next().unwrap_or(false));
+}
+
 /// Whether `GET path` on `host:port` answers 2xx or 3xx within `timeout`.
 pub async fn http_ok(host: &str, port: u16, path: &str, timeout: Duration) -> bool {
     let probe = async {
@@ -99,4 +144,19 @@ pub async fn tcp_ok(host: &str, port: u16, timeout: Duration) -> bool {
         tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, port))).await,
         Ok(Ok(_))
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_the_last_lines_of_each_stream_in_order() {
+        let mut v = vec![(1, 'o'), (2, 'e'), (3, 'o'), (4, 'o'), (5, 'e'), (6, 'o')];
+        keep_tail(&mut v, 2, |x| x.1);
+        assert_eq!(v, vec![(2, 'e'), (4, 'o'), (5, 'e'), (6, 'o')]);
+        let mut all = vec![(1, 'o')];
+        keep_tail(&mut all, 0, |x| x.1);
+        assert_eq!(all, vec![(1, 'o')]);
+    }
 }
