@@ -78,6 +78,19 @@ async fn running_ready(agent: &DockerAgent, id: &str) -> pb::InstanceStatus {
     last.unwrap()
 }
 
+/// Provisions `id` as one sleeping main and waits until it runs.
+async fn provision_sleeper(agent: &DockerAgent, id: &str) -> pb::InstanceStatus {
+    agent
+        .provision(request(
+            id,
+            pb::WorkloadKind::Deployment,
+            vec![svc("main", pb::ServiceRole::Main, &["sleep"])],
+        ))
+        .await
+        .unwrap();
+    running_ready(agent, id).await
+}
+
 fn setup() -> (tempfile::TempDir, String, Sweeper) {
     ctrlplane_runtime::telemetry::install_crypto_provider();
     require_testapp_image();
@@ -309,15 +322,7 @@ async fn a_new_agent_finds_the_workloads_from_the_engine_alone() {
     let (dir, scope, _sweeper) = setup();
     let first = DockerAgent::new(docker_config(dir.path(), &scope));
     let id = "wl_restart";
-    first
-        .provision(request(
-            id,
-            pb::WorkloadKind::Deployment,
-            vec![svc("main", pb::ServiceRole::Main, &["sleep"])],
-        ))
-        .await
-        .unwrap();
-    let before = running_ready(&first, id).await;
+    let before = provision_sleeper(&first, id).await;
     drop(first);
     // Another agent of the same scope, with a fresh state dir.
     let other_dir = tempfile::tempdir().unwrap();
@@ -429,15 +434,7 @@ async fn a_replacement_cut_short_by_a_crash_is_repaired_at_start() {
     let (dir, scope, _sweeper) = setup();
     let agent = DockerAgent::new(docker_config(dir.path(), &scope));
     let id = "wl_repair";
-    agent
-        .provision(request(
-            id,
-            pb::WorkloadKind::Deployment,
-            vec![svc("main", pb::ServiceRole::Main, &["sleep"])],
-        ))
-        .await
-        .unwrap();
-    running_ready(&agent, id).await;
+    provision_sleeper(&agent, id).await;
     drop(agent);
     // What a crash between "rename to .prev" and "create the new one"
     // leaves: only the stopped previous generation.
