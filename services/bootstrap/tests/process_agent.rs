@@ -112,6 +112,7 @@ async fn start_agent(env: &Env) -> ProcessAgent {
             datacenter_addr: env.dc_addr.clone(),
             join_token: Some(token),
             advertise_addr: None,
+            auto_join: false,
         }),
     };
     let agent = Agent::open(cfg).unwrap();
