@@ -967,7 +967,16 @@ impl Provider for DockerAgent {
             .filter(|c| c.prev)
             .map(|c| c.release.as_str())
             .collect();
-        if req.release_id == current {
+        // The current release again: a retry of a rollout cut short (it
+        // goes on where it stopped) when it carries the same services, an
+        // error when it carries other ones.
+        let same_content = changes.iter().all(|s| {
+            inst.replicas(&s.name)
+                .iter()
+                .filter(|c| c.release == req.release_id)
+                .all(|c| c.hash == spec::spec_hash(s))
+        });
+        if req.release_id == current && !same_content {
             return Err(ProviderError::FailedPrecondition(format!(
                 "release {:?} is the current release with other services; \
                  deploy a change under a new release id",

@@ -489,3 +489,62 @@ async fn a_start_the_engine_refuses_is_failed_with_its_reason() {
     assert!(s.message.starts_with("start failed:"), "{s:?}");
     assert!(s.message.contains(&port.to_string()), "{s:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_retried_after_a_partial_rollout_finishes_it() {
+    let (dir, scope, _sweeper) = setup();
+    let agent = DockerAgent::new(docker_config(dir.path(), &scope));
+    let id = "wl_retry";
+    let mut main = svc("main", pb::ServiceRole::Main, &["sleep"]);
+    main.resources = Some(pb::ResourceSpec {
+        replicas: 2,
+        ..Default::default()
+    });
+    agent
+        .provision(request(id, pb::WorkloadKind::Deployment, vec![main]))
+        .await
+        .unwrap();
+    running_ready(&agent, id).await;
+    let deploy = pb::DeployRequest {
+        instance_id: id.into(),
+        release_id: "r2".into(),
+        services: vec![pb::DeployService {
+            name: "main".into(),
+            env: HashMap::from([("VERSION".into(), "2".into())]),
+            ..Default::default()
+        }],
+        strategy: 0,
+    };
+    agent.deploy(deploy.clone()).await.unwrap();
+    // Undo replica 1 by hand, as if the rollout had stopped after replica 0.
+    let r1 = format!("{scope}.{id}.main.1");
+    for args in [
+        vec!["rm", "-f", r1.as_str()],
+        vec!["rename", &format!("{r1}.prev"), r1.as_str()],
+        vec!["start", r1.as_str()],
+    ] {
+        let out = std::process::Command::new("docker")
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "docker {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(
+        inspect("container", &r1)["Config"]["Labels"]["ctrlplane.io/release"],
+        "initial"
+    );
+    // The same Deploy again finishes the rollout.
+    agent.deploy(deploy).await.unwrap();
+    for r in 0..2 {
+        assert_eq!(
+            inspect("container", &format!("{scope}.{id}.main.{r}"))["Config"]["Labels"]["ctrlplane.io/release"],
+            "r2",
+            "replica {r}"
+        );
+    }
+    running_ready(&agent, id).await;
+}
