@@ -1014,22 +1014,39 @@ impl Provider for DockerAgent {
         let lock = self.lock(&id);
         let _g = lock.lock().await;
         let inst = self.must_load(&id).await?;
-        let prevs: Vec<&Container> = inst.containers.iter().filter(|c| c.prev).collect();
-        let Some(newest) = prevs.iter().max_by_key(|c| c.created_at()) else {
-            return Err(ProviderError::FailedPrecondition(format!(
-                "instance {id} has no earlier release to return to"
-            )));
+        // The release to return to: the one named (kept by a current or a
+        // previous container: a Rollback cut short is finished by naming
+        // it again), else the newest previous generation's.
+        let target = if req.release_id.is_empty() {
+            inst.containers
+                .iter()
+                .filter(|c| c.prev)
+                .max_by_key(|c| c.created_at())
+                .map(|c| c.release.clone())
+                .ok_or_else(|| {
+                    ProviderError::FailedPrecondition(format!(
+                        "instance {id} has no earlier release to return to"
+                    ))
+                })?
+        } else {
+            req.release_id.clone()
         };
-        let target = newest.release.clone();
-        if !req.release_id.is_empty() && req.release_id != target {
+        let mut keeping: Vec<&Container> = inst
+            .containers
+            .iter()
+            .filter(|c| c.release == target)
+            .collect();
+        if keeping.is_empty() {
             return Err(ProviderError::FailedPrecondition(format!(
-                "only the previous release ({target:?}) is kept; {:?} cannot be returned to",
-                req.release_id
+                "release {target:?} is not kept (only the current and the previous \
+                 generation of each replica are); it cannot be returned to"
             )));
         }
+        // Current containers first: their spec is the release's as it ran.
+        keeping.sort_by_key(|c| c.prev);
         let mut changes = Vec::new();
         let mut seen = HashSet::new();
-        for c in prevs.iter().filter(|c| c.release == target) {
+        for c in keeping {
             if seen.insert(c.service.clone()) {
                 changes.push(c.spec.clone());
             }

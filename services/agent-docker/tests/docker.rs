@@ -296,6 +296,24 @@ async fn deploy_keeps_the_previous_generation_and_rollback_returns_to_it() {
         .await
         .unwrap();
     assert_eq!(rb.release_id, "initial");
+    // Naming the release again (a retry) changes nothing more; a release
+    // that is not kept is refused.
+    let again = agent
+        .rollback(pb::RollbackRequest {
+            instance_id: id.into(),
+            release_id: "initial".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(again.release_id, "initial");
+    let err = agent
+        .rollback(pb::RollbackRequest {
+            instance_id: id.into(),
+            release_id: "r0".into(),
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("not kept"), "{err}");
     for r in 0..2 {
         assert_eq!(
             env_of(&format!("{scope}.{id}.main.{r}")).as_deref(),
