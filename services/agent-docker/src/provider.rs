@@ -1112,8 +1112,11 @@ impl Provider for DockerAgent {
             };
             r.replicas = want as i32;
             new.resources = Some(r);
-            let limits_changed = old.resources.as_ref().map(|x| (x.cpu_millis, x.memory_mb))
-                != new.resources.as_ref().map(|x| (x.cpu_millis, x.memory_mb));
+            let limits = |s: &pb::ServiceSpec| {
+                s.resources
+                    .as_ref()
+                    .map_or((0, 0), |x| (x.cpu_millis, x.memory_mb))
+            };
             let secrets = self.secrets(&[&new])?;
             // Fewer: the highest replicas go first.
             for c in reps.iter().filter(|c| c.replica >= want) {
@@ -1125,12 +1128,14 @@ impl Provider for DockerAgent {
                     .remove(&self.names.prev_container(&id, &c.service, c.replica))
                     .await?;
             }
-            // New limits: the kept replicas are recreated one by one.
-            if limits_changed {
-                for c in reps.iter().filter(|c| c.replica < want) {
-                    self.recreate_replica(&inst, c, &new, &release, &secrets, true)
-                        .await?;
-                }
+            // New limits: the kept replicas without them are recreated one
+            // by one (per replica, so a retried Scale finishes the job).
+            for c in reps
+                .iter()
+                .filter(|c| c.replica < want && limits(&c.spec) != limits(&new))
+            {
+                self.recreate_replica(&inst, c, &new, &release, &secrets, true)
+                    .await?;
             }
             // More: new replicas are created and started.
             let have: HashSet<u32> = reps.iter().map(|c| c.replica).collect();
