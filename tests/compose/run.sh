@@ -382,7 +382,8 @@ p_datacenter() {
     .["ctrlplane.io/instance"] == $id and .["ctrlplane.io/service"] == "web"
     and .["ctrlplane.io/role"] != null and .["ctrlplane.io/replica"] != null
     and has("ctrlplane.io/tenant")
-    and .["ctrlplane.io/managed-by"] == "ctrlplane-agent-docker"
+    and .["ctrlplane.io/agent"] == "ctrlplane-agent-docker"
+    and .["ctrlplane.io/managed-by"] == "bootstrap"
     and .["ctrlplane.io/scope"] == $scope' <<<"$labels" >/dev/null \
     || { echo "web's container lacks the agent's labels"; return 1; }
   [ "$(docker inspect --format '{{.Config.Image}}' "$WEB_CONTAINER")" = ctrlplane-testapp:dev ] \

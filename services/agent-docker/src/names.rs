@@ -10,10 +10,12 @@
 //! - volume `SCOPE.INSTANCE.SERVICE.VOLUME`, with `.REPLICA` appended for
 //!   `stateful_set` workloads (a volume per replica).
 
-/// Label: who manages the object (always [`MANAGED_BY_VALUE`]).
-pub const MANAGED_BY: &str = "ctrlplane.io/managed-by";
-/// Value of [`MANAGED_BY`].
-pub const MANAGED_BY_VALUE: &str = "ctrlplane-agent-docker";
+/// Label: the agent that created the object (always [`AGENT_VALUE`]).
+/// Not `ctrlplane.io/managed-by`: that one is the caller's (the bootstrap
+/// service labels its workloads `managed-by=bootstrap`), kept as given.
+pub const AGENT: &str = "ctrlplane.io/agent";
+/// Value of [`AGENT`].
+pub const AGENT_VALUE: &str = "ctrlplane-agent-docker";
 /// Label: the agent's scope.
 pub const SCOPE: &str = "ctrlplane.io/scope";
 /// Label: instance id.
@@ -98,7 +100,7 @@ impl Names {
     /// Label filters selecting every object of this scope (`key=value`).
     pub fn scope_filter(&self) -> Vec<String> {
         vec![
-            format!("{MANAGED_BY}={MANAGED_BY_VALUE}"),
+            format!("{AGENT}={AGENT_VALUE}"),
             format!("{SCOPE}={}", self.scope),
         ]
     }
@@ -143,7 +145,7 @@ mod tests {
         assert_eq!(
             n.instance_filter("wl_1"),
             vec![
-                "ctrlplane.io/managed-by=ctrlplane-agent-docker",
+                "ctrlplane.io/agent=ctrlplane-agent-docker",
                 "ctrlplane.io/scope=ctrlplane",
                 "ctrlplane.io/instance=wl_1"
             ]

@@ -66,10 +66,7 @@ impl Meta {
     /// object's labels).
     pub fn labels(&self, names: &Names) -> HashMap<String, String> {
         let mut l = self.labels.clone();
-        l.insert(
-            names::MANAGED_BY.to_string(),
-            names::MANAGED_BY_VALUE.to_string(),
-        );
+        l.insert(names::AGENT.to_string(), names::AGENT_VALUE.to_string());
         l.insert(names::SCOPE.to_string(), names.scope().to_string());
         l.insert(names::INSTANCE.to_string(), self.instance_id.clone());
         l.insert(names::TENANT.to_string(), self.tenant_id.clone());

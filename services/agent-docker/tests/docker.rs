@@ -37,7 +37,10 @@ fn request(
         name: id.replace('_', "-"),
         kind: kind as i32,
         services,
-        labels: HashMap::from([("team".into(), "platform".into())]),
+        labels: HashMap::from([
+            ("team".into(), "platform".into()),
+            ("ctrlplane.io/managed-by".into(), "bootstrap".into()),
+        ]),
     }
 }
 
@@ -141,7 +144,8 @@ async fn containers_are_named_labelled_limited_and_aliased() {
         ("ctrlplane.io/role", "main"),
         ("ctrlplane.io/replica", "1"),
         ("ctrlplane.io/tenant", "tenant-1"),
-        ("ctrlplane.io/managed-by", "ctrlplane-agent-docker"),
+        ("ctrlplane.io/agent", "ctrlplane-agent-docker"),
+        ("ctrlplane.io/managed-by", "bootstrap"),
         ("team", "platform"),
     ] {
         assert_eq!(labels[k], v, "label {k}: {labels}");
