@@ -307,6 +307,31 @@ async fn auto_join_mints_its_own_single_use_token_with_the_secret() {
     assert_eq!(ensure_identity(&o).await.unwrap(), id);
     assert_eq!(agents(&s, "nomad").await.len(), 1);
 
+    // A minted token the registry refuses (here: one that does not exist)
+    // is dropped, so the next start mints a fresh one and joins.
+    let stale = tempfile::tempdir().unwrap();
+    std::fs::write(
+        stale.path().join(ctrlplane_agent::join::AUTO_TOKEN_FILE),
+        "jtk_00000000000000000000000000.nope",
+    )
+    .unwrap();
+    let mut o = options(&s, stale.path(), None);
+    o.auto_join = Some(std::sync::Arc::new(
+        ctrlplane_runtime::auth::Authenticator::new(common::server::SECRET),
+    ));
+    assert!(matches!(
+        ensure_identity(&o).await,
+        Err(JoinError::Rejected { .. })
+    ));
+    assert!(
+        !stale
+            .path()
+            .join(ctrlplane_agent::join::AUTO_TOKEN_FILE)
+            .exists()
+    );
+    ensure_identity(&o).await.unwrap();
+    assert_eq!(agents(&s, "nomad").await.len(), 2);
+
     // A secret the control plane does not share is a final refusal.
     let other = tempfile::tempdir().unwrap();
     let mut o = options(&s, other.path(), None);

@@ -399,7 +399,14 @@ pub async fn ensure_identity(opts: &JoinOptions) -> Result<Identity, JoinError> 
         let mut client = client.clone();
         async move { Ok(client.join_agent(req).await?.into_inner()) }
     })
-    .await?;
+    .await
+    .inspect_err(|e| {
+        // A minted token that was refused (expired while the agent was
+        // down, say) is dropped, so the next start mints a fresh one.
+        if matches!(e, JoinError::Rejected { .. }) && opts.join_token.is_none() {
+            let _ = std::fs::remove_file(opts.state_dir.join(AUTO_TOKEN_FILE));
+        }
+    })?;
     let identity = Identity {
         agent_id: r.agent_id,
         credential: r.credential,
