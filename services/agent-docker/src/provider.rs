@@ -1234,25 +1234,19 @@ impl Provider for DockerAgent {
                 .get(names::INSTANCE)
                 .cmp(&b.labels.get(names::INSTANCE))
         });
-        let size = if page_size == 0 {
-            100
-        } else {
-            page_size.min(1000)
-        } as usize;
-        let mut workloads = Vec::new();
+        let after = ctrlplane_agent::provider::managed_page_start(page_token)?;
+        let size = page_size as usize;
+        let mut workloads: Vec<pb::ManagedWorkload> = Vec::new();
         let mut next = String::new();
         for n in nets {
             let Some(id) = n.labels.get(names::INSTANCE).cloned() else {
                 continue;
             };
-            if !page_token.is_empty() && id.as_str() <= page_token {
+            if after.as_ref().is_some_and(|a| id <= *a) {
                 continue;
             }
-            if workloads.len() == size {
-                next = workloads
-                    .last()
-                    .map(|w: &pb::ManagedWorkload| w.instance_id.clone())
-                    .unwrap_or_default();
+            if let Some(last) = workloads.last().filter(|_| workloads.len() == size) {
+                next = ctrlplane_agent::provider::managed_page_token(&last.instance_id);
                 break;
             }
             let meta = Meta::from_labels(&n.labels);

@@ -350,7 +350,7 @@ async fn a_new_agent_finds_the_workloads_from_the_engine_alone() {
     let other_dir = tempfile::tempdir().unwrap();
     let second = DockerAgent::new(docker_config(other_dir.path(), &scope));
     second.start().await;
-    let listed = second.list_managed(0, "").await.unwrap();
+    let listed = second.list_managed(100, "").await.unwrap();
     assert_eq!(listed.workloads.len(), 1);
     let w = &listed.workloads[0];
     assert_eq!(w.instance_id, id);
@@ -365,7 +365,7 @@ async fn a_new_agent_finds_the_workloads_from_the_engine_alone() {
     let stranger = DockerAgent::new(docker_config(other_dir.path(), &format!("{scope}-x")));
     assert!(
         stranger
-            .list_managed(0, "")
+            .list_managed(100, "")
             .await
             .unwrap()
             .workloads

@@ -27,7 +27,6 @@ use ctrlplane_agent::{Capability, LogStream, Provider, ProviderError};
 use ctrlplane_core::Violations;
 use ctrlplane_core::violations::{child, index};
 use ctrlplane_proto::provider::v1 as pb;
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -75,11 +74,6 @@ pub struct Agent {
     shared: Arc<Shared>,
     instances: Mutex<BTreeMap<String, Arc<Instance>>>,
     create: tokio::sync::Mutex<()>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct Cursor {
-    after: String,
 }
 
 impl Agent {
@@ -570,13 +564,7 @@ impl Provider for Agent {
         page_size: u32,
         page_token: &str,
     ) -> Result<pb::ListManagedResponse> {
-        let after = if page_token.is_empty() {
-            String::new()
-        } else {
-            ctrlplane_core::page::decode::<Cursor>(page_token)
-                .map_err(|e| ProviderError::invalid("page_token", e.to_string()))?
-                .after
-        };
+        let after = ctrlplane_agent::provider::managed_page_start(page_token)?.unwrap_or_default();
         let page: Vec<Arc<Instance>> = self
             .map()
             .range::<String, _>((
@@ -601,9 +589,7 @@ impl Provider for Agent {
             })
             .collect();
         let next_page_token = match (more, workloads.last()) {
-            (true, Some(last)) => ctrlplane_core::page::encode(&Cursor {
-                after: last.instance_id.clone(),
-            }),
+            (true, Some(last)) => ctrlplane_agent::provider::managed_page_token(&last.instance_id),
             _ => String::new(),
         };
         Ok(pb::ListManagedResponse {

@@ -9,7 +9,6 @@ use ctrlplane_proto::bootstrap::v1::{BootstrapServiceSpec, DatacenterInfo};
 use ctrlplane_proto::datacenter::v1 as dcpb;
 use ctrlplane_proto::provider::v1 as pb;
 use ctrlplane_runtime::auth::Caller;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
 use crate::error::{Error, Result};
@@ -68,12 +67,6 @@ pub struct GcReport {
     pub workloads_examined: i32,
     /// Errors (each run goes on past them).
     pub errors: Vec<String>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct Cursor {
-    after: String,
-    fp: String,
 }
 
 /// The bootstrap service.
@@ -208,21 +201,13 @@ impl BootstrapService {
             .map_err(|e| v.add("page_size", e))
             .unwrap_or(PAGE.0);
         let fp = page::fingerprint(&[datacenter_id]);
-        let after = if page_token.is_empty() {
-            None
-        } else {
-            match page::decode::<Cursor>(page_token) {
-                Ok(c) if c.fp == fp => Some(c.after),
-                Ok(_) => {
-                    v.add("page_token", "was issued for another datacenter");
-                    None
-                }
-                Err(e) => {
-                    v.add("page_token", e.to_string());
-                    None
-                }
-            }
-        };
+        let after: Option<String> = page::decode_bound(
+            &mut v,
+            "page_token",
+            page_token,
+            &fp,
+            "was issued for another datacenter",
+        );
         v.into_result()?;
         let mut rows = self
             .store
@@ -231,10 +216,7 @@ impl BootstrapService {
         let more = rows.len() > size as usize;
         rows.truncate(size as usize);
         let next = match rows.last() {
-            Some(last) if more => Some(page::encode(&Cursor {
-                after: last.id.clone(),
-                fp,
-            })),
+            Some(last) if more => Some(page::encode_bound(last.id.clone(), &fp)),
             _ => None,
         };
         Ok((rows, next))
@@ -726,21 +708,15 @@ impl BootstrapService {
             .map_err(|e| v.add("page_size", e))
             .unwrap_or(PAGE.0);
         let fp = page::fingerprint(&[datacenter_id]);
-        let after = if page_token.is_empty() {
-            0
-        } else {
-            match page::decode::<Cursor>(page_token) {
-                Ok(c) if c.fp == fp => c.after.parse().unwrap_or(0),
-                Ok(_) => {
-                    v.add("page_token", "was issued for another filter");
-                    0
-                }
-                Err(e) => {
-                    v.add("page_token", e.to_string());
-                    0
-                }
-            }
-        };
+        let after = page::decode_bound::<String>(
+            &mut v,
+            "page_token",
+            page_token,
+            &fp,
+            "was issued for another filter",
+        )
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(0);
         v.into_result()?;
         let filter = Some(datacenter_id).filter(|d| !d.is_empty());
         let mut events = self
@@ -750,10 +726,7 @@ impl BootstrapService {
         let more = events.len() > size as usize;
         events.truncate(size as usize);
         let next = match events.last() {
-            Some(last) if more => Some(page::encode(&Cursor {
-                after: last.sequence.to_string(),
-                fp,
-            })),
+            Some(last) if more => Some(page::encode_bound(last.sequence.to_string(), &fp)),
             _ => None,
         };
         Ok((events, next))

@@ -16,7 +16,6 @@ use ctrlplane_core::selector::LabelSelector;
 use ctrlplane_core::{Violations, id, slug, validate};
 use ctrlplane_proto::datacenter::v1::{Capacity, Location};
 use ctrlplane_runtime::auth::Caller;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
 use crate::agents::service::AgentRegistry;
@@ -47,21 +46,6 @@ pub struct DatacenterService {
     store: Store,
     registry: AgentRegistry,
     shutdown: watch::Receiver<bool>,
-}
-
-/// A list cursor: the last id returned plus a fingerprint of the filters,
-/// so a token is only valid for the query that produced it.
-#[derive(Serialize, Deserialize)]
-struct ListCursor {
-    after: String,
-    fp: String,
-}
-
-/// An events cursor.
-#[derive(Serialize, Deserialize)]
-struct EventsCursor {
-    after: i64,
-    fp: String,
 }
 
 impl DatacenterService {
@@ -243,21 +227,13 @@ impl DatacenterService {
             labels: selector.pairs().to_vec(),
         };
         let fp = fingerprint_list(&scope, &filter);
-        let after = if page_token.is_empty() {
-            None
-        } else {
-            match page::decode::<ListCursor>(page_token) {
-                Ok(c) if c.fp == fp => Some(c.after),
-                Ok(_) => {
-                    v.add("page_token", "was issued for a request with other filters");
-                    None
-                }
-                Err(e) => {
-                    v.add("page_token", e.to_string());
-                    None
-                }
-            }
-        };
+        let after: Option<String> = page::decode_bound(
+            &mut v,
+            "page_token",
+            page_token,
+            &fp,
+            "was issued for a request with other filters",
+        );
         v.into_result()?;
 
         let mut items = self
@@ -267,10 +243,7 @@ impl DatacenterService {
         let more = items.len() > size as usize;
         items.truncate(size as usize);
         let next_page_token = match items.last() {
-            Some(last) if more => Some(page::encode(&ListCursor {
-                after: last.id.clone(),
-                fp,
-            })),
+            Some(last) if more => Some(page::encode_bound(last.id.clone(), &fp)),
             _ => None,
         };
         let total_size = self.store.count(&scope, &filter).await?;
@@ -576,14 +549,14 @@ impl DatacenterService {
             .map_err(|e| v.add("page_size", e))
             .unwrap_or(EVENTS_PAGE.0);
         let fp = page::fingerprint(&[&scope_key(&scope), datacenter_id]);
-        let mut after = since_revision;
-        if !page_token.is_empty() {
-            match page::decode::<EventsCursor>(page_token) {
-                Ok(c) if c.fp == fp => after = after.max(c.after),
-                Ok(_) => v.add("page_token", "was issued for a request with other filters"),
-                Err(e) => v.add("page_token", e.to_string()),
-            }
-        }
+        let after = page::decode_bound::<i64>(
+            &mut v,
+            "page_token",
+            page_token,
+            &fp,
+            "was issued for a request with other filters",
+        )
+        .map_or(since_revision, |a| a.max(since_revision));
         v.into_result()?;
         let dc_filter = Some(datacenter_id).filter(|d| !d.is_empty());
         let mut events = self
@@ -593,10 +566,7 @@ impl DatacenterService {
         let more = events.len() > size as usize;
         events.truncate(size as usize);
         let next = match events.last() {
-            Some(last) if more => Some(page::encode(&EventsCursor {
-                after: last.revision,
-                fp,
-            })),
+            Some(last) if more => Some(page::encode_bound(last.revision, &fp)),
             _ => None,
         };
         Ok((events, next))

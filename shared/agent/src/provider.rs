@@ -167,6 +167,23 @@ impl From<ProviderError> for tonic::Status {
 /// Result alias.
 pub type Result<T, E = ProviderError> = std::result::Result<T, E>;
 
+/// Where a ListManaged page starts: the instance id its token (made by
+/// [`managed_page_token`]) continues after; `None` for the first page.
+///
+/// # Errors
+/// `INVALID_ARGUMENT` on `page_token` for a token this agent did not issue.
+pub fn managed_page_start(page_token: &str) -> Result<Option<String>> {
+    let mut v = Violations::new();
+    let after = ctrlplane_core::page::decode_bound(&mut v, "page_token", page_token, "", "");
+    v.into_result()?;
+    Ok(after)
+}
+
+/// The ListManaged token of a page that continues after `last_instance_id`.
+pub fn managed_page_token(last_instance_id: &str) -> String {
+    ctrlplane_core::page::encode_bound(last_instance_id, "")
+}
+
 /// A stream of log lines.
 pub type LogStream = Pin<Box<dyn Stream<Item = Result<pb::StreamLogsResponse>> + Send>>;
 

@@ -18,7 +18,6 @@ use chrono::{DateTime, Utc};
 use ctrlplane_core::{Violations, id, page, validate};
 use ctrlplane_runtime::auth::{Authenticator, Caller, Claims, ROLE_AGENT};
 use rand::RngCore;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::model::{Agent, Health, JoinToken};
@@ -131,12 +130,6 @@ fn same_digest(a: &str, b: &str) -> bool {
 
 fn denied(msg: impl Into<String>) -> Error {
     Error::PermissionDenied(msg.into())
-}
-
-#[derive(Serialize, Deserialize)]
-struct AgentsCursor {
-    after: String,
-    fp: String,
 }
 
 fn check_endpoint(v: &mut Violations, field: &str, endpoint: &str) {
@@ -503,21 +496,13 @@ impl AgentRegistry {
             .map_err(|e| v.add("page_size", e))
             .unwrap_or(AGENTS_PAGE.0);
         let fp = page::fingerprint(&[provider]);
-        let after = if page_token.is_empty() {
-            None
-        } else {
-            match page::decode::<AgentsCursor>(page_token) {
-                Ok(c) if c.fp == fp => Some(c.after),
-                Ok(_) => {
-                    v.add("page_token", "was issued for a request with other filters");
-                    None
-                }
-                Err(e) => {
-                    v.add("page_token", e.to_string());
-                    None
-                }
-            }
-        };
+        let after: Option<String> = page::decode_bound(
+            &mut v,
+            "page_token",
+            page_token,
+            &fp,
+            "was issued for a request with other filters",
+        );
         v.into_result()?;
         let provider = Some(provider).filter(|p| !p.is_empty());
         let mut agents = self
@@ -527,10 +512,7 @@ impl AgentRegistry {
         let more = agents.len() > size as usize;
         agents.truncate(size as usize);
         let next = match agents.last() {
-            Some(last) if more => Some(page::encode(&AgentsCursor {
-                after: last.id.clone(),
-                fp,
-            })),
+            Some(last) if more => Some(page::encode_bound(last.id.clone(), &fp)),
             _ => None,
         };
         Ok((agents, next))
