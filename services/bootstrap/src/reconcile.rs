@@ -563,6 +563,29 @@ impl Reconciler {
     }
 
     /// Marks a row failed with backoff.
+    /// The row's agent; without one the row fails (and is retried with
+    /// backoff).
+    async fn agent_or_fail(
+        &self,
+        row: &Workload,
+        agent: Option<std::result::Result<AgentHandle, String>>,
+    ) -> Result<AgentHandle> {
+        match self.agent_for(row, agent).await {
+            Ok(a) => Ok(a),
+            Err(e) => {
+                self.fail(row.clone(), &e).await?;
+                Err(Error::Unavailable(e))
+            }
+        }
+    }
+
+    /// Fails the row after the agent refused `call`.
+    async fn call_failed<T>(&self, row: Workload, call: &str, s: &tonic::Status) -> Result<T> {
+        let msg = format!("{call}: {:?}: {}", s.code(), s.message());
+        self.fail(row, &msg).await?;
+        Err(Error::Unavailable(msg))
+    }
+
     async fn fail(&self, mut row: Workload, error: &str) -> Result<()> {
         let from = row.state;
         row.attempts += 1;
@@ -652,13 +675,7 @@ impl Reconciler {
         } else {
             self.store.update(&row, None, Some(&event)).await?;
         }
-        let agent = match self.agent_for(&row, agent).await {
-            Ok(a) => a,
-            Err(e) => {
-                self.fail(row, &e).await?;
-                return Err(Error::Unavailable(e));
-            }
-        };
+        let agent = self.agent_or_fail(&row, agent).await?;
         let mut client = agent.client.clone();
         let mut req = tonic::Request::new(Self::provision_request(&row));
         req.set_timeout(self.agents.call_timeout());
@@ -670,11 +687,7 @@ impl Reconciler {
             req.set_timeout(self.agents.call_timeout());
             result = match client.start(req).await {
                 Ok(_) => Ok(provisioned),
-                Err(s) => {
-                    let msg = format!("Start: {:?}: {}", s.code(), s.message());
-                    self.fail(row, &msg).await?;
-                    return Err(Error::Unavailable(msg));
-                }
+                Err(s) => return self.call_failed(row, "Start", &s).await,
             };
         }
         match result {
@@ -708,11 +721,7 @@ impl Reconciler {
                     .await?;
                 Ok(true)
             }
-            Err(s) => {
-                let msg = format!("Provision: {:?}: {}", s.code(), s.message());
-                self.fail(row, &msg).await?;
-                Err(Error::Unavailable(msg))
-            }
+            Err(s) => self.call_failed(row, "Provision", &s).await,
         }
     }
 
@@ -739,13 +748,7 @@ impl Reconciler {
                 )),
             )
             .await?;
-        let agent = match self.agent_for(&row, agent).await {
-            Ok(a) => a,
-            Err(e) => {
-                self.fail(row, &e).await?;
-                return Err(Error::Unavailable(e));
-            }
-        };
+        let agent = self.agent_or_fail(&row, agent).await?;
         let services = row
             .spec
             .services
@@ -790,11 +793,7 @@ impl Reconciler {
                     .await?;
                 Ok(true)
             }
-            Err(s) => {
-                let msg = format!("Deploy: {:?}: {}", s.code(), s.message());
-                self.fail(row, &msg).await?;
-                Err(Error::Unavailable(msg))
-            }
+            Err(s) => self.call_failed(row, "Deploy", &s).await,
         }
     }
 
@@ -821,13 +820,7 @@ impl Reconciler {
                 )),
             )
             .await?;
-        let agent = match self.agent_for(&row, agent).await {
-            Ok(a) => a,
-            Err(e) => {
-                self.fail(row, &e).await?;
-                return Err(Error::Unavailable(e));
-            }
-        };
+        let agent = self.agent_or_fail(&row, agent).await?;
         let mut client = agent.client.clone();
         let mut req = tonic::Request::new(pb::DeprovisionRequest {
             instance_id: row.id.clone(),
@@ -848,11 +841,7 @@ impl Reconciler {
                     .await?;
                 Ok(true)
             }
-            Err(s) => {
-                let msg = format!("Deprovision: {:?}: {}", s.code(), s.message());
-                self.fail(row, &msg).await?;
-                Err(Error::Unavailable(msg))
-            }
+            Err(s) => self.call_failed(row, "Deprovision", &s).await,
         }
     }
 }
