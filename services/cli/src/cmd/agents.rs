@@ -130,39 +130,7 @@ pub fn build_list(a: &ListArgs) -> ListAgentsRequest {
     }
 }
 
-/// Fetches the first page, or with `all` every page, merged into one
-/// response (no next page token).
-///
-/// # Errors
-/// The first failed call, or a server that hands out the same page token
-/// twice (which would loop for ever).
-pub async fn list_pages<F>(
-    first: ListAgentsRequest,
-    all: bool,
-    mut fetch: F,
-) -> Result<ListAgentsResponse, CliError>
-where
-    F: AsyncFnMut(ListAgentsRequest) -> Result<ListAgentsResponse, CliError>,
-{
-    let mut req = first;
-    let mut merged = fetch(req.clone()).await?;
-    if !all {
-        return Ok(merged);
-    }
-    while !merged.next_page_token.is_empty() {
-        if merged.next_page_token == req.page_token {
-            return Err(CliError::Config(format!(
-                "the server returned page token {:?} twice; stopping",
-                merged.next_page_token
-            )));
-        }
-        req.page_token = std::mem::take(&mut merged.next_page_token);
-        let page = fetch(req.clone()).await?;
-        merged.agents.extend(page.agents);
-        merged.next_page_token = page.next_page_token;
-    }
-    Ok(merged)
-}
+pub use super::paging::list_pages;
 
 /// `healthy`, `unhealthy`, `revoked` for a health number.
 pub fn health_name(health: i32) -> String {

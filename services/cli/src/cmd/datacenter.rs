@@ -401,40 +401,7 @@ pub fn build_update(a: &UpdateArgs) -> Result<UpdateDatacenterRequest, CliError>
     })
 }
 
-/// Fetches the first page, or with `all` every page, merged into one
-/// response (no next page token; the total from the last page).
-///
-/// # Errors
-/// The first failed call, or a server that hands out the same page token
-/// twice (which would loop for ever).
-pub async fn list_pages<F>(
-    first: ListDatacentersRequest,
-    all: bool,
-    mut fetch: F,
-) -> Result<ListDatacentersResponse, CliError>
-where
-    F: AsyncFnMut(ListDatacentersRequest) -> Result<ListDatacentersResponse, CliError>,
-{
-    let mut req = first;
-    let mut merged = fetch(req.clone()).await?;
-    if !all {
-        return Ok(merged);
-    }
-    while !merged.next_page_token.is_empty() {
-        if merged.next_page_token == req.page_token {
-            return Err(CliError::Config(format!(
-                "the server returned page token {:?} twice; stopping",
-                merged.next_page_token
-            )));
-        }
-        req.page_token = std::mem::take(&mut merged.next_page_token);
-        let page = fetch(req.clone()).await?;
-        merged.datacenters.extend(page.datacenters);
-        merged.next_page_token = page.next_page_token;
-        merged.total_size = page.total_size;
-    }
-    Ok(merged)
-}
+pub use super::paging::list_pages;
 
 /// `active`, `maintenance`, … for a status number.
 pub fn status_name(status: i32) -> String {

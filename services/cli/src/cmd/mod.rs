@@ -7,6 +7,7 @@ pub mod bootstrap;
 pub mod datacenter;
 pub mod events;
 pub mod health;
+pub mod paging;
 pub mod token;
 pub mod up;
 pub mod workers;
