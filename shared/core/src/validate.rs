@@ -178,26 +178,10 @@ pub fn service_specs(v: &mut Violations, field: &str, specs: &[ServiceSpec]) {
     }
     count_at_most(v, field, specs.len(), MAX_SERVICES, "services");
 
-    let mut first_by_name: HashMap<&str, usize> = HashMap::new();
     for (i, spec) in specs.iter().enumerate() {
-        let f = index(field, i);
-        service_spec(v, &f, spec);
-        if spec.name.is_empty() {
-            continue;
-        }
-        if let Some(&j) = first_by_name.get(spec.name.as_str()) {
-            v.add(
-                child(&f, "name"),
-                format!(
-                    "duplicate name {} (also {})",
-                    quote(&spec.name),
-                    index(field, j)
-                ),
-            );
-        } else {
-            first_by_name.insert(&spec.name, i);
-        }
+        service_spec(v, &index(field, i), spec);
     }
+    let first_by_name = unique_names(v, field, specs.iter().map(|s| s.name.as_str()));
 
     let mains: Vec<String> = specs
         .iter()
@@ -256,6 +240,30 @@ pub fn service_specs(v: &mut Violations, field: &str, specs: &[ServiceSpec]) {
     report_cycles(v, field, &edges, |i| &specs[i].name);
 }
 
+/// The index of each non-empty name's first entry of the list at `field`;
+/// a later entry with the same name is a violation on its `name`.
+fn unique_names<'a>(
+    v: &mut Violations,
+    field: &str,
+    names: impl Iterator<Item = &'a str>,
+) -> HashMap<&'a str, usize> {
+    let mut first_by_name: HashMap<&str, usize> = HashMap::new();
+    for (i, name) in names.enumerate() {
+        if name.is_empty() {
+            continue;
+        }
+        if let Some(&j) = first_by_name.get(name) {
+            v.add(
+                child(&index(field, i), "name"),
+                format!("duplicate name {} (also {})", quote(name), index(field, j)),
+            );
+        } else {
+            first_by_name.insert(name, i);
+        }
+    }
+    first_by_name
+}
+
 /// Checks a list of bootstrap service specs: at most
 /// [`MAX_BOOTSTRAP_SPECS`], unique names, each spec as [`bootstrap_spec`],
 /// and no dependency cycle among the specs of the list.
@@ -274,26 +282,10 @@ pub fn bootstrap_specs(v: &mut Violations, field: &str, specs: &[BootstrapServic
         "bootstrap services",
     );
 
-    let mut first_by_name: HashMap<&str, usize> = HashMap::new();
     for (i, spec) in specs.iter().enumerate() {
-        let f = index(field, i);
-        bootstrap_spec(v, &f, spec);
-        if spec.name.is_empty() {
-            continue;
-        }
-        if let Some(&j) = first_by_name.get(spec.name.as_str()) {
-            v.add(
-                child(&f, "name"),
-                format!(
-                    "duplicate name {} (also {})",
-                    quote(&spec.name),
-                    index(field, j)
-                ),
-            );
-        } else {
-            first_by_name.insert(&spec.name, i);
-        }
+        bootstrap_spec(v, &index(field, i), spec);
     }
+    let first_by_name = unique_names(v, field, specs.iter().map(|s| s.name.as_str()));
 
     let edges: Vec<Vec<usize>> = specs
         .iter()
